@@ -1,0 +1,149 @@
+"""`make(spec)`: from a deployment spec to a ready `Replicator`.
+
+This is the only module that knows which `tf.distribute` strategy backs which
+spec; everything above it (agents, vision) sees a `Replicator`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping, Sequence
+
+import sonnet as snt
+import tensorflow as tf
+from sonnet.src.optimizers import optimizer_utils
+
+from replication import deployments
+from replication.deployments import Deployment
+from replication.devices import ensure_logical_cpus
+from replication.replicator import Replicator
+
+
+def make(spec: str = "cpu", *, workers: Sequence[str] | None = None,
+         task_index: int | None = None, cluster: Mapping[str, Sequence[str]] | None = None,
+         collective_timeout: float | None = 300.0) -> Replicator:
+    """Builds a Replicator for `spec` (see `replication.deployments` for the forms).
+
+    Args:
+      spec: "cpu", "cpu:N", "cpu:NxM", "gpu", "gpu:N", "multiworker", "tpu",
+        "tpu:ADDRESS" or "ps".
+      workers: for "multiworker" without TF_CONFIG: every worker's "host:port",
+        identical on all workers.
+      task_index: for "multiworker" with `workers`: this process's index in it.
+      cluster: for "ps" without TF_CONFIG: {"chief": [...], "worker": [...],
+        "ps": [...]}; this process is the chief (coordinator).
+      collective_timeout: seconds after which a multi-worker collective that
+        cannot complete (a dead peer) fails instead of hanging.
+
+    Raises:
+      DeploymentSpecError: unknown spec (the message lists the valid forms).
+      DevicesAlreadyInitializedError: logical devices requested too late.
+      RuntimeError: the hardware or cluster the spec names is not available.
+    """
+    deployment = deployments.parse(spec)
+    if deployment.kind == "cpu":
+        return _make_cpu(deployment)
+    if deployment.kind == "gpu":
+        return _make_gpu(deployment)
+    if deployment.kind == "multiworker":
+        return _make_multiworker(deployment, workers, task_index, collective_timeout)
+    if deployment.kind == "tpu":
+        return _make_tpu(deployment)
+    return _make_parameter_server(deployment, cluster)
+
+
+def _make_cpu(deployment: Deployment) -> Replicator:
+    replicas, per_replica = deployment.replicas, deployment.devices_per_replica
+    devices = ensure_logical_cpus(replicas * per_replica)
+    groups = [devices[i * per_replica:(i + 1) * per_replica] for i in range(replicas)]
+    strategy = snt.distribute.Replicator(devices=[group[0] for group in groups])
+    return Replicator(strategy, deployment, device_groups=groups)
+
+
+def _make_gpu(deployment: Deployment) -> Replicator:
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+        raise RuntimeError(
+            "The 'gpu' replication spec found no GPU visible to TensorFlow. Check "
+            "`nvidia-smi` and that a CUDA build of TensorFlow is installed, or use "
+            "'cpu' / 'cpu:N'."
+        )
+    count = deployment.replicas or len(gpus)
+    if count > len(gpus):
+        raise RuntimeError(f"'gpu:{count}' asks for {count} GPUs but only {len(gpus)} are visible.")
+    devices = [gpu.name for gpu in gpus[:count]]
+    strategy = snt.distribute.Replicator(devices=devices)
+    return Replicator(strategy, deployment, device_groups=[[d] for d in devices])
+
+
+def _allow_sonnet_optimizers(strategy_type: type) -> None:
+    """Lets Sonnet optimizers run under a strategy Sonnet's allow-list predates.
+
+    Sonnet 2 optimizers refuse strategies outside a fixed tuple to stop users from
+    forgetting the gradient all-reduce. Our `ReplicatedOptimizer` performs that
+    all-reduce (or, for `ps`, deliberately none), so the guard's purpose is met.
+    Sonnet offers no public hook, so the strategy type is added to its tuple.
+    """
+    if not issubclass(strategy_type, optimizer_utils._SUPPORTED_STRATEGIES):  # pylint: disable=protected-access
+        optimizer_utils._SUPPORTED_STRATEGIES += (strategy_type,)  # pylint: disable=protected-access
+
+
+def _make_multiworker(deployment: Deployment, workers: Sequence[str] | None,
+                      task_index: int | None, timeout: float | None) -> Replicator:
+    if workers is not None:
+        if task_index is None or not 0 <= task_index < len(workers):
+            raise ValueError(
+                f"'multiworker' with workers={list(workers)} needs task_index in "
+                f"[0, {len(workers)}) naming this process.")
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({"worker": list(workers)}),
+            task_type="worker", task_id=task_index, rpc_layer="grpc")
+    else:
+        config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+        if not config.get("cluster"):
+            raise RuntimeError(
+                "The 'multiworker' spec needs a cluster: set TF_CONFIG (JSON with "
+                "'cluster' and 'task') in every worker, or call "
+                "replication.make('multiworker', workers=['host:port', ...], task_index=i).")
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+        timeout_seconds=timeout)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver, communication_options=options)
+    _allow_sonnet_optimizers(type(strategy))
+    return Replicator(strategy, deployment)
+
+
+def _make_tpu(deployment: Deployment) -> Replicator:
+    # Untested here: the project's machines have no TPU.
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=deployment.address or "")
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    strategy = snt.distribute.TpuReplicator(resolver)
+    return Replicator(strategy, deployment)
+
+
+def _make_parameter_server(deployment: Deployment,
+                           cluster: Mapping[str, Sequence[str]] | None) -> Replicator:
+    if cluster is not None:
+        missing = [job for job in ("worker", "ps") if not cluster.get(job)]
+        if missing:
+            raise ValueError(f"'ps' cluster needs at least one {' and one '.join(missing)} address.")
+        spec = {job: list(addresses) for job, addresses in cluster.items()}
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+    else:
+        config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+        if not config.get("cluster"):
+            raise RuntimeError(
+                "The 'ps' spec needs a cluster: set TF_CONFIG with 'chief', 'worker' "
+                "and 'ps' jobs on the coordinator, or call replication.make('ps', "
+                "cluster={'chief': [...], 'worker': [...], 'ps': [...]}).")
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    _allow_sonnet_optimizers(type(strategy))
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    return Replicator(strategy, deployment, coordinator=coordinator)
+

@@ -1,0 +1,207 @@
+"""The Replicator: a researcher's single-replica step, run on any deployment.
+
+`Replicator` is a thin facade over a `tf.distribute.Strategy` (for local devices,
+Sonnet's `snt.distribute.Replicator`). It adds what the TF-Replicator paper's
+programming model promises and tf.distribute leaves to the user: per-replica
+input pipelines with a checked batch split, optimizers that average gradients,
+nest-aware reductions with max/min, model-parallel device placement, and one
+`schedule`/`join` pair that works for synchronous and asynchronous training.
+
+Contexts (see `collectives.py` for the vocabulary): `run`, `reduce`, `gather`,
+`distribute`, `schedule` and `join` are called in cross-replica context (the
+training loop, usually inside the user's own `tf.function`); the step function
+passed to `run` executes in replica context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
+
+import sonnet as snt
+import tensorflow as tf
+from sonnet.src.distribute.replicator import replica_local_creator
+
+from replication import collectives
+from replication.deployments import Deployment
+from replication.optimizers import ReplicatedOptimizer
+
+
+class BatchSplitError(ValueError):
+    """A global batch that cannot be split evenly across replicas."""
+
+
+class Replicator:
+    """Runs per-replica step functions on a deployment.
+
+    Build one with `replication.make(spec)`. Example::
+
+        repl = replication.make("cpu:2")
+        with repl.scope():
+            model = snt.Linear(1)
+            opt = repl.wrap_optimizer(snt.optimizers.Adam(1e-3))
+        data = iter(repl.distribute(input_fn))
+
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x) - y) ** 2)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply(grads, model.trainable_variables)
+            return loss
+
+        @tf.function
+        def train(it):
+            return repl.reduce(repl.run(step, *next(it)), "mean")
+    """
+
+    def __init__(self, strategy: tf.distribute.Strategy, deployment: Deployment,
+                 device_groups: Sequence[Sequence[str]] | None = None,
+                 coordinator: Any = None):
+        self.strategy = strategy
+        self.deployment = deployment
+        self.coordinator = coordinator
+        # Maps each replica's primary device to all devices of that replica.
+        self._device_groups = {
+            tf.DeviceSpec.from_string(group[0]).to_string(): list(group)
+            for group in (device_groups or [])
+        }
+
+    # ----------------------------------------------------------------- basics
+    def __repr__(self) -> str:
+        return f"Replicator(spec={self.deployment.spec!r}, num_replicas={self.num_replicas})"
+
+    @property
+    def num_replicas(self) -> int:
+        """Replicas taking part in each synchronous step (1 per worker for `ps`)."""
+        return self.strategy.num_replicas_in_sync
+
+    @property
+    def is_asynchronous(self) -> bool:
+        return self.coordinator is not None
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Variables created here are replicated (or placed on parameter servers).
+
+        On synchronous deployments every replica holds its own copy of each
+        variable (Sonnet's replica-local variables); identical updates on every
+        replica keep the copies identical, and reading outside a step returns
+        the first replica's copy. That is what lets plain Sonnet modules and
+        optimizers run unchanged in replica context.
+        """
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(self.strategy.scope())
+            if not self.is_asynchronous and not isinstance(
+                    self.strategy, snt.distribute.Replicator):
+                stack.enter_context(tf.variable_creator_scope(replica_local_creator))
+            yield
+
+    def wrap_optimizer(self, optimizer: snt.Optimizer) -> ReplicatedOptimizer:
+        """Returns `optimizer` wrapped to average gradients across replicas once."""
+        return ReplicatedOptimizer(optimizer, self.scope, synchronous=not self.is_asynchronous)
+
+    # ------------------------------------------------------------------ input
+    def per_replica_batch_size(self, global_batch_size: int) -> int:
+        """The batch one replica sees; the global batch must split evenly."""
+        replicas = self.num_replicas
+        if global_batch_size < 1 or global_batch_size % replicas:
+            raise BatchSplitError(
+                f"Global batch size {global_batch_size} is not divisible by the "
+                f"{replicas} replicas of {self.deployment.spec!r}. Use a multiple of "
+                f"{replicas} (e.g. {max(replicas, global_batch_size // replicas * replicas)}), "
+                "or change the replication spec."
+            )
+        return global_batch_size // replicas
+
+    def distribute(self, input_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset]):
+        """Builds one input pipeline per worker from `input_fn(input_context)`.
+
+        `input_fn` must return a dataset batched per replica: use
+        `ctx.get_per_replica_batch_size(global_batch)` (or
+        `per_replica_batch_size`) and shard with `ctx.num_input_pipelines` /
+        `ctx.input_pipeline_id` so pipelines read disjoint data. On `ps` the
+        result is a per-worker dataset for use with `schedule`.
+        """
+        if self.is_asynchronous:
+            return self.coordinator.create_per_worker_dataset(
+                lambda: self.strategy.distribute_datasets_from_function(input_fn))
+        return self.strategy.distribute_datasets_from_function(input_fn)
+
+    def distribute_dataset(self, dataset: tf.data.Dataset):
+        """Splits a dataset batched with the GLOBAL batch size across replicas."""
+        for spec in tf.nest.flatten(dataset.element_spec):
+            batch = spec.shape[0] if spec.shape.rank else None
+            if batch is not None:
+                self.per_replica_batch_size(batch)
+        return self.strategy.experimental_distribute_dataset(dataset)
+
+    # ---------------------------------------------------------------- compute
+    def run(self, step_fn: Callable[..., Any], *args, **kwargs) -> Any:
+        """Runs `step_fn(*args, **kwargs)` once per replica; returns per-replica values."""
+        return self.strategy.run(step_fn, args=args, kwargs=kwargs)
+
+    def schedule(self, fn: Callable[..., Any], *args) -> Any:
+        """Runs a training function: dispatched to a free worker on `ps`, called directly otherwise.
+
+        With `ps`, `fn` should be a `tf.function` that calls `run`; the return value
+        is a `RemoteValue` (call `.fetch()` after `join()`). Elsewhere it returns
+        `fn(*args)`, so the same loop serves synchronous and asynchronous training.
+        """
+        if self.is_asynchronous:
+            return self.coordinator.schedule(fn, args=args)
+        return fn(*args)
+
+    def join(self) -> None:
+        """Waits for all scheduled functions (a no-op on synchronous deployments)."""
+        if self.is_asynchronous:
+            self.coordinator.join()
+
+    def reduce(self, values: Any, op: str = "mean") -> Any:
+        """Reduces per-replica `values` (a nest) across replicas: sum, mean, max or min."""
+        collectives._check_op(op)  # pylint: disable=protected-access
+        if op in ("sum", "mean"):
+            reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
+            return tf.nest.map_structure(
+                lambda v: self.strategy.reduce(reduce_op, v, axis=None), values)
+        reduced = self.strategy.run(lambda v: collectives.all_reduce(v, op), args=(values,))
+        return tf.nest.map_structure(
+            lambda v: self.strategy.experimental_local_results(v)[0], reduced)
+
+    def gather(self, values: Any, axis: int = 0) -> Any:
+        """Concatenates per-replica `values` along `axis`, in replica order."""
+        return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=axis), values)
+
+    def local_results(self, value: Any) -> tuple:
+        """The per-replica values held by this worker, as a tuple in replica order."""
+        return self.strategy.experimental_local_results(value)
+
+    # -------------------------------------------------------- model parallelism
+    @property
+    def devices_per_replica(self) -> int:
+        return self.deployment.devices_per_replica
+
+    @contextlib.contextmanager
+    def logical_device(self, index: int) -> Iterator[None]:
+        """Places ops created inside on this replica's `index`-th device.
+
+        Call inside a step. A replica of `cpu:2x2` spans two devices; its variables
+        live on device 0, and layers built under `logical_device(1)` run on the
+        other. Transfers between the two are inserted by TensorFlow.
+        """
+        context = tf.distribute.get_replica_context()
+        if context is None:
+            raise collectives.NotInReplicaContextError(
+                "logical_device must be used inside a step function run by Replicator.run.")
+        if not 0 <= index < self.devices_per_replica:
+            raise ValueError(
+                f"logical_device({index}) is out of range: each replica of "
+                f"{self.deployment.spec!r} spans {self.devices_per_replica} device(s). "
+                "Use a spec such as 'cpu:2x2' for replicas that span several devices."
+            )
+        primary = tf.DeviceSpec.from_string(context.devices[0]).to_string()
+        group = self._device_groups.get(primary)
+        if group is None:
+            yield
+            return
+        with tf.device(group[index]):
+            yield
