@@ -1,0 +1,263 @@
+"""The `ray` backend: every node a Ray Core actor, on one machine or a Ray cluster.
+
+Connect to a cluster with ``address`` (``ray start --head --port=6379`` on one
+machine, ``ray start --address=HEAD:6379`` on the others), or start a private
+local Ray instance when no address is given. Each node becomes an actor with the
+node's resource request; the launcher (the Ray driver) polls it for metrics, logs
+and published values (JSON strings) and writes them to the run directory, so the
+progress line and metrics.csv work the same as with the local backend.
+
+Checkpoints and TensorBoard files are written by the nodes themselves at the run
+directory's path: on a multi-machine cluster that path must be shared storage
+(NFS or similar) mounted at the same place on every machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from launch.context import FileSink, NodeContext
+from launch.errors import LaunchError
+from launch.program import Node, Program, load_entry_point
+from launch.run_dir import RunDir
+from launch.supervisor import Exit
+
+
+def _import_ray():
+  try:
+    import ray  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    raise LaunchError(
+        "the ray backend needs Ray, which is not installed in this environment. Install it "
+        "with `pip install 'tf-replicator[ray]'` (or `pip install 'ray[default]>=2.9,<3'`), "
+        "or use --backend local.") from None
+  return ray
+
+
+def _check_reachable(address: str) -> None:
+  """Fails fast with a clear message instead of Ray's long connection retries."""
+  if address == "auto":
+    return
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit():
+    raise LaunchError(f"--ray-address {address!r} should look like HOST:PORT "
+                      "(e.g. 127.0.0.1:6379, as printed by `ray start --head`).")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+      pass
+  except OSError as e:
+    raise LaunchError(
+        f"cannot reach a Ray cluster at {address} ({e.strerror or e}). Start one with "
+        f"`ray start --head --port={port}` on that machine, check the address, or omit "
+        "--ray-address to start a local Ray instance.", exit_code=1) from None
+
+
+class RayNode:
+  """The Ray actor that hosts one node body (a threaded actor: run + stop/drain)."""
+
+  def __init__(self):
+    self._stop = threading.Event()
+    self._lock = threading.Lock()
+    self._metrics: list[str] = []
+    self._logs: list[str] = []
+    self._published: dict[str, Any] = {}
+
+  def _append(self, buffer: list[str]) -> Callable[[str], None]:
+    def sink(line: str) -> None:
+      with self._lock:
+        buffer.append(line)
+    return sink
+
+  def _publish(self, key: str, value: Any) -> None:
+    with self._lock:
+      self._published[key] = value
+
+  def run(self, spec_json: str) -> str:
+    import ray  # pylint: disable=import-outside-toplevel
+    spec = json.loads(spec_json)
+    host = spec["advertise_host"] or ray.util.get_node_ip_address()
+    ctx = NodeContext(spec["name"], spec["run_dir"], attempt=spec["attempt"],
+                      advertise_host=host, stop_event=self._stop,
+                      metrics_sink=self._append(self._metrics),
+                      log_sink=self._append(self._logs), publish_sink=self._publish)
+    ctx.log(f"running on {host} (pid {os.getpid()})")
+    load_entry_point(spec["entry_point"])(ctx, **spec["kwargs"])
+    return "ok"
+
+  def stop(self) -> None:
+    self._stop.set()
+
+  def drain(self) -> str:
+    with self._lock:
+      out = {"metrics": self._metrics, "logs": self._logs, "published": dict(self._published)}
+      self._metrics, self._logs = [], []
+    return json.dumps(out)
+
+  def pid(self) -> int:
+    return os.getpid()
+
+
+class RayHandle:
+  """One node actor and its `run` call."""
+
+  def __init__(self, ray, actor, run_ref, node: Node, run_dir: RunDir):
+    self._ray = ray
+    self.actor = actor
+    self._run_ref = run_ref
+    self._node = node
+    self._log_path = run_dir.log_path(node.name)
+    self._metrics_sink = FileSink(run_dir.metrics_path(node.name))
+    self._log_sink = FileSink(self._log_path)
+    self._published: dict[str, Any] = {}
+    self._pending_drain = None
+    self._exit: Exit | None = None
+    self._started = time.monotonic()
+    self._warned_pending = False
+
+  def _consume(self, payload: str) -> None:
+    data = json.loads(payload)
+    for line in data["metrics"]:
+      self._metrics_sink(line)
+    for line in data["logs"]:
+      self._log_sink(line)
+    self._published.update(data["published"])
+
+  def poll(self) -> Exit | None:
+    if self._exit is not None:
+      return self._exit
+    ready, _ = self._ray.wait([self._run_ref], timeout=0)
+    if not ready:
+      return None
+    try:
+      self._ray.get(self._run_ref)
+      exit_ = Exit(True)
+    except self._ray.exceptions.RayActorError as e:
+      exit_ = Exit(False, f"its Ray actor died: {str(e).splitlines()[0]}")
+    except self._ray.exceptions.RayTaskError as e:
+      self._log_sink(str(e))
+      cause = e.cause if getattr(e, "cause", None) is not None else e
+      exit_ = Exit(False, f"{type(cause).__name__}: {str(cause).splitlines()[-1][:200]}")
+    self._final_drain()
+    self._exit = exit_
+    return exit_
+
+  def _final_drain(self) -> None:
+    try:
+      self._consume(self._ray.get(self.actor.drain.remote(), timeout=10))
+    except Exception:  # pylint: disable=broad-except
+      pass  # A dead actor's buffered lines are lost; its failure is reported anyway.
+    self._ray.kill(self.actor)  # Frees its resources; a no-op if it is already dead.
+
+  def request_stop(self) -> None:
+    if self._exit is None:
+      self.actor.stop.remote()
+
+  def kill(self) -> None:
+    self._ray.kill(self.actor)
+    self._exit = self._exit or Exit(False, "killed")
+
+  def published(self) -> dict[str, Any]:
+    return dict(self._published)
+
+  def drain(self) -> None:
+    if self._exit is not None:
+      return
+    if self._pending_drain is not None:
+      ready, _ = self._ray.wait([self._pending_drain], timeout=0)
+      if not ready:
+        if not self._warned_pending and time.monotonic() - self._started > 60:
+          self._warned_pending = True
+          self._log_sink(f"still waiting for Ray to place {self._node.name} "
+                         f"(requested {self._node.resources}); check `ray status`.")
+        return
+      try:
+        self._consume(self._ray.get(self._pending_drain))
+      except Exception:  # pylint: disable=broad-except
+        pass  # The actor died; poll() reports it.
+    self._pending_drain = self.actor.drain.remote()
+
+  def log_hint(self) -> str:
+    return f"Its output: {self._log_path}"
+
+
+class RayBackend:
+  """Runs each node as a Ray actor.
+
+  Args:
+    run_dir: The run directory (shared storage on a multi-machine cluster).
+    program: The program, used to size a private local Ray instance.
+    address: A Ray cluster address (``HOST:PORT`` or ``auto``); None starts a local
+      instance, bound to the loopback interface.
+    advertise_host: Host other nodes use to reach servers a node starts; None means
+      the IP of the Ray node the server runs on (needed on a multi-machine cluster).
+  """
+
+  name = "ray"
+
+  def __init__(self, run_dir: RunDir, program: Program, *, address: str | None = None,
+               advertise_host: str | None = "127.0.0.1"):
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address is None and advertise_host is not None:
+      # Keep a private instance on loopback (Ray would otherwise use the machine's IP).
+      os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray = _import_ray()
+    self._ray = ray
+    self._run_dir = run_dir
+    self._advertise_host = advertise_host
+    self._owns_instance = address is None
+    if ray.is_initialized():
+      self._owns_instance = False
+    elif address is None:
+      wanted = math.ceil(sum(n.resources.cpus for n in program.nodes))
+      ray.init(num_cpus=max(os.cpu_count() or 1, wanted), include_dashboard=False,
+               log_to_driver=False, configure_logging=False)
+    else:
+      _check_reachable(address)
+      try:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+      except Exception as e:  # pylint: disable=broad-except
+        raise LaunchError(f"cannot connect to the Ray cluster at {address}: {e}. Check that "
+                          "`ray status` works there and that its Ray and Python versions "
+                          "match this machine's.", exit_code=1) from None
+    if advertise_host is not None and _is_loopback(advertise_host):
+      alive = [n for n in ray.nodes() if n.get("Alive")]
+      if len(alive) > 1:
+        raise LaunchError(
+            f"the Ray cluster has {len(alive)} machines but servers would be advertised on "
+            f"{advertise_host}, which other machines cannot reach. Pass --bind-host 0.0.0.0 "
+            "to advertise each server on its machine's IP.")
+    self._actor_class = ray.remote(RayNode)
+    self._handles: list[RayHandle] = []
+
+  def start(self, node: Node, kwargs: dict, attempt: int) -> RayHandle:
+    res = node.resources
+    actor = self._actor_class.options(
+        num_cpus=res.cpus, num_gpus=res.gpus, resources=dict(res.custom) or None,
+        max_concurrency=4, max_restarts=0, name=None).remote()
+    spec = {"name": node.name, "entry_point": node.entry_point, "kwargs": kwargs,
+            "run_dir": self._run_dir.root, "attempt": attempt,
+            "advertise_host": self._advertise_host}
+    FileSink(self._run_dir.log_path(node.name))(
+        f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} start #{attempt} of {node.name} (ray)")
+    handle = RayHandle(self._ray, actor, actor.run.remote(json.dumps(spec)), node, self._run_dir)
+    self._handles.append(handle)
+    return handle
+
+  def close(self) -> None:
+    for h in self._handles:
+      try:
+        self._ray.kill(h.actor)
+      except Exception:  # pylint: disable=broad-except
+        pass
+    if self._owns_instance:
+      self._ray.shutdown()
+
+
+def _is_loopback(host: str) -> bool:
+  return host in ("localhost", "::1") or host.startswith("127.")

@@ -1,0 +1,266 @@
+"""Runs a `Program` on a backend: start order, restarts with backoff, phased shutdown.
+
+The supervision logic is the same for every backend; a backend only knows how to
+start one node (`Backend.start`) and how to poll, stop and kill what it started
+(`NodeHandle`). Signals: the first SIGINT/SIGTERM asks every node to stop (by
+phase, so servers save last); a second one kills everything at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import sys
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+from launch.program import Node, Program, resolve_refs
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit:
+  """How a node ended: `ok` for a clean return, else a short description."""
+  ok: bool
+  description: str = ""
+
+
+class NodeHandle(Protocol):
+  def poll(self) -> Exit | None: ...          # None while running
+  def request_stop(self) -> None: ...         # ask the body to return
+  def kill(self) -> None: ...                 # end it now (best effort for threads)
+  def published(self) -> dict[str, Any]: ...  # values it published so far
+  def drain(self) -> None: ...                # move buffered metrics/logs to the run dir
+  def log_hint(self) -> str: ...              # where to read its output
+
+
+class Backend(Protocol):
+  name: str
+  def start(self, node: Node, kwargs: dict, attempt: int) -> NodeHandle: ...
+  def close(self) -> None: ...
+
+
+@dataclasses.dataclass
+class Outcome:
+  """Why `Supervisor.run` returned.
+
+  Attributes:
+    reason: "finished" (the `finished` callback or every node returned),
+      "interrupted" (signal or `request_stop`), or "failed" (a fatal node failure).
+    message: A human-readable explanation; for "failed", what to do next.
+    restarts: Restarts per node during this run.
+    progress: The launcher's aggregated metrics, when run through `launch.launcher`.
+  """
+  reason: str
+  message: str = ""
+  restarts: dict[str, int] = dataclasses.field(default_factory=dict)
+  progress: Any = None  # The launcher's aggregated metrics (`launch.metrics.Progress`).
+
+
+@dataclasses.dataclass
+class _State:
+  node: Node
+  handle: NodeHandle | None = None
+  attempt: int = -1
+  started_at: float = 0.0
+  next_start: float = 0.0
+  consecutive_failures: int = 0
+  restarts: int = 0
+  done: bool = False
+
+
+class Supervisor:
+  """Starts, watches and stops the nodes of one program.
+
+  Args:
+    program: What to run.
+    backend: Where to run it.
+    on_tick: Called about every `tick_interval` seconds from the supervising thread
+      (progress lines, metrics files); may return True to finish the run.
+    echo: Where supervision messages go (default stderr).
+    stop_grace: Seconds each stop phase gets before the next one is asked to stop;
+      nodes still running after the last phase's grace are killed.
+  """
+
+  def __init__(self, program: Program, backend: Backend, *,
+               on_tick: Callable[[], bool | None] | None = None,
+               tick_interval: float = 1.0,
+               poll_interval: float = 0.2,
+               stop_grace: float = 10.0,
+               echo: Callable[[str], None] | None = None):
+    self._program = program
+    self._backend = backend
+    self._on_tick = on_tick
+    self._tick_interval = tick_interval
+    self._poll_interval = poll_interval
+    self._stop_grace = stop_grace
+    self._echo = echo or (lambda m: print(m, file=sys.stderr, flush=True))
+    self._states = {n.name: _State(n) for n in program.nodes}
+    self._published: dict[str, Any] = {}
+    self._stop = threading.Event()
+    self._force = threading.Event()
+    self._fatal: str | None = None
+    self._stop_reason = "interrupted"
+
+  # Control from other threads or signal handlers.
+  def request_stop(self, reason: str = "interrupted") -> None:
+    self._stop_reason = reason
+    self._stop.set()
+
+  def handles(self) -> dict[str, NodeHandle]:
+    """The live handle of every node started so far (for tests and tools)."""
+    return {name: s.handle for name, s in self._states.items() if s.handle is not None}
+
+  def restarts(self) -> dict[str, int]:
+    return {name: s.restarts for name, s in self._states.items()}
+
+  @property
+  def published(self) -> dict[str, Any]:
+    return dict(self._published)
+
+  def run(self) -> Outcome:
+    """Runs the program until it finishes, fails, or is asked to stop."""
+    previous = self._install_signal_handlers()
+    try:
+      self._loop()
+    finally:
+      try:
+        self._shutdown()
+      finally:
+        self._restore_signal_handlers(previous)
+    restarts = self.restarts()
+    if self._fatal is not None:
+      return Outcome("failed", self._fatal, restarts)
+    return Outcome(self._stop_reason, "", restarts)
+
+  # Internals.
+  def _install_signal_handlers(self):
+    if threading.current_thread() is not threading.main_thread():
+      return None
+    def handler(signum, frame):
+      del frame
+      if self._stop.is_set():
+        self._echo("[launch] second signal: killing every node now")
+        self._force.set()
+      else:
+        self._echo(f"[launch] {signal.Signals(signum).name}: stopping every node "
+                   "(press Ctrl-C again to kill them at once)")
+        self.request_stop("interrupted")
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+      signal.signal(s, handler)
+    return previous
+
+  def _restore_signal_handlers(self, previous):
+    if previous:
+      for s, h in previous.items():
+        signal.signal(s, h)
+
+  def _loop(self) -> None:
+    next_tick = 0.0
+    while not self._stop.is_set():
+      now = time.monotonic()
+      self._collect_published()
+      for state in self._states.values():
+        if self._stop.is_set():
+          break
+        if state.handle is None and not state.done and now >= state.next_start:
+          self._maybe_start(state)
+        elif state.handle is not None:
+          self._check(state)
+      if all(s.done for s in self._states.values()):
+        self.request_stop("finished")
+      if now >= next_tick:
+        next_tick = now + self._tick_interval
+        for state in self._states.values():
+          if state.handle is not None:
+            state.handle.drain()
+        if self._on_tick is not None and self._on_tick():
+          self.request_stop("finished")
+      self._stop.wait(self._poll_interval)
+
+  def _collect_published(self) -> None:
+    for state in self._states.values():
+      if state.handle is not None:
+        self._published.update(state.handle.published())
+
+  def _maybe_start(self, state: _State) -> None:
+    missing = [k for k in state.node.refs() if k not in self._published]
+    if missing:
+      return
+    kwargs = resolve_refs(state.node.kwargs, self._published)
+    state.attempt += 1
+    state.started_at = time.monotonic()
+    state.handle = self._backend.start(state.node, kwargs, state.attempt)
+
+  def _check(self, state: _State) -> None:
+    exit_ = state.handle.poll()
+    if exit_ is None:
+      if (state.consecutive_failures and
+          time.monotonic() - state.started_at > state.node.restart.healthy_after):
+        state.consecutive_failures = 0
+      return
+    state.handle.drain()
+    self._published.update(state.handle.published())
+    name, policy = state.node.name, state.node.restart
+    if exit_.ok:
+      self._echo(f"[launch] {name} finished")
+      state.done, state.handle = True, None
+      return
+    hint = state.handle.log_hint()
+    state.handle = None
+    state.consecutive_failures += 1
+    if not policy.restart or state.consecutive_failures > policy.max_consecutive_failures:
+      why = ("it is not restartable" if not policy.restart else
+             f"it failed {state.consecutive_failures} times in a row")
+      self._fatal = (f"node {name!r} failed ({exit_.description}) and {why}; stopping the run. "
+                     f"{hint} {policy.fatal_hint}").strip()
+      self._echo(f"[launch] {self._fatal}")
+      self.request_stop("failed")
+      return
+    delay = policy.backoff(state.consecutive_failures)
+    state.restarts += 1
+    state.next_start = time.monotonic() + delay
+    self._echo(f"[launch] {name} failed ({exit_.description}); restart #{state.restarts} "
+               f"in {delay:.1f}s. {hint}")
+
+  def _running(self, phase: int | None = None) -> list[_State]:
+    return [s for s in self._states.values() if s.handle is not None and
+            (phase is None or s.node.stop_phase == phase)]
+
+  def _reap(self) -> None:
+    for state in self._running():
+      exit_ = state.handle.poll()
+      if exit_ is not None:
+        state.handle.drain()
+        if not exit_.ok and not self._force.is_set():
+          self._echo(f"[launch] {state.node.name} stopped ({exit_.description})")
+        state.handle = None
+
+  def _shutdown(self) -> None:
+    """Asks nodes to stop phase by phase, then kills whatever is left.
+
+    A later phase is asked to stop even if an earlier one has not finished: a
+    client stuck in a call to a server (e.g. a learner blocked by a rate limiter)
+    is released when the server stops, and then saves and exits by itself.
+    """
+    phases = sorted({s.node.stop_phase for s in self._states.values()})
+    for phase in phases:
+      for state in self._running(phase):
+        state.handle.request_stop()
+      deadline = time.monotonic() + self._stop_grace
+      while (self._running(phase) and time.monotonic() < deadline
+             and not self._force.is_set()):
+        self._reap()
+        time.sleep(0.1)
+    # Let earlier phases finish what the last phase released.
+    deadline = time.monotonic() + self._stop_grace
+    while self._running() and time.monotonic() < deadline and not self._force.is_set():
+      self._reap()
+      time.sleep(0.1)
+    for state in self._running():
+      self._echo(f"[launch] {state.node.name} did not stop in time; killing it")
+      state.handle.kill()
+      state.handle.drain()
+      state.handle = None
+    self._backend.close()
