@@ -42,7 +42,7 @@ def make_backend(name: str, run_dir: RunDir, program: Program, *,
     return LocalBackend(run_dir, advertise_host=host or "localhost", env=env)
   if name == "threads":
     from launch.threads import ThreadsBackend  # pylint: disable=import-outside-toplevel
-    return ThreadsBackend(run_dir, advertise_host=host or "localhost")
+    return ThreadsBackend(run_dir, program, advertise_host=host or "localhost")
   if name == "ray":
     from launch.ray_backend import RayBackend  # pylint: disable=import-outside-toplevel
     return RayBackend(run_dir, program, address=ray_address, advertise_host=host)
@@ -52,7 +52,7 @@ def make_backend(name: str, run_dir: RunDir, program: Program, *,
 def run(program: Program, run_dir: RunDir | str, backend: Backend | str = "local", *,
         stop_when: Callable[[Progress], bool] | None = None,
         progress_every: float = 10.0,
-        stop_grace: float = 10.0,
+        stop_grace: float | None = None,
         echo: Callable[[str], None] | None = None,
         on_supervisor: Callable[[Supervisor], None] | None = None,
         **backend_kwargs) -> Outcome:
@@ -64,7 +64,7 @@ def run(program: Program, run_dir: RunDir | str, backend: Backend | str = "local
     backend: A backend or its name; with a name, `backend_kwargs` go to `make_backend`.
     stop_when: Checked about once a second with the aggregated `Progress`.
     progress_every: Seconds between progress lines (0 disables them).
-    stop_grace: Seconds each stop phase gets (see `Supervisor`).
+    stop_grace: If set, caps every node's stop timeout (see `Supervisor`).
     echo: Where progress lines and supervision messages go (default stdout).
     on_supervisor: Called with the supervisor before it starts (tests use it to
       reach node handles).

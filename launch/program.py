@@ -116,7 +116,9 @@ class Node:
     resources: The resource request.
     restart: The restart policy.
     stop_phase: Nodes stop in increasing phases on shutdown, so e.g. a server
-      (phase 1) outlives its clients (phase 0) and can save state last.
+      (a late phase) outlives its clients and can save state last.
+    stop_timeout: Seconds the node gets to return after a stop request before it
+      is killed (a stateless node stuck in a blocking call needs little).
   """
   name: str
   entry_point: str
@@ -124,6 +126,7 @@ class Node:
   resources: Resources = Resources()
   restart: RestartPolicy = RestartPolicy()
   stop_phase: int = 0
+  stop_timeout: float = 10.0
 
   def __post_init__(self):
     if ":" not in self.entry_point:
@@ -161,9 +164,18 @@ def load_entry_point(entry_point: str) -> Callable[..., Any]:
 
 @dataclasses.dataclass
 class Program:
-  """A named set of nodes that together make one distributed job."""
+  """A named set of nodes that together make one distributed job.
+
+  Attributes:
+    name: Shown in progress lines.
+    nodes: The nodes.
+    setup: Optional ``(entry_point, kwargs)`` called once, before any node, when all
+      nodes share one process (the threads backend), e.g. to configure devices that
+      must be set before TensorFlow starts. Separate processes do their own setup.
+  """
   name: str
   nodes: list[Node]
+  setup: tuple[str, dict[str, Any]] | None = None
 
   def __post_init__(self):
     names = [n.name for n in self.nodes]

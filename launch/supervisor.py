@@ -78,15 +78,15 @@ class Supervisor:
     on_tick: Called about every `tick_interval` seconds from the supervising thread
       (progress lines, metrics files); may return True to finish the run.
     echo: Where supervision messages go (default stderr).
-    stop_grace: Seconds each stop phase gets before the next one is asked to stop;
-      nodes still running after the last phase's grace are killed.
+    stop_grace: If set, caps every node's `stop_timeout` (seconds from a stop
+      request to a kill).
   """
 
   def __init__(self, program: Program, backend: Backend, *,
                on_tick: Callable[[], bool | None] | None = None,
                tick_interval: float = 1.0,
                poll_interval: float = 0.2,
-               stop_grace: float = 10.0,
+               stop_grace: float | None = None,
                echo: Callable[[str], None] | None = None):
     self._program = program
     self._backend = backend
@@ -238,29 +238,31 @@ class Supervisor:
         state.handle = None
 
   def _shutdown(self) -> None:
-    """Asks nodes to stop phase by phase, then kills whatever is left.
+    """Stops the nodes phase by phase; a node still running after its timeout is killed.
 
-    A later phase is asked to stop even if an earlier one has not finished: a
-    client stuck in a call to a server (e.g. a learner blocked by a rate limiter)
-    is released when the server stops, and then saves and exits by itself.
+    Phases let a program stop its nodes in the order that keeps state consistent,
+    e.g. the learner first (it saves a checkpoint while actors still feed it), then
+    the actors, then the replay server (which saves its tables last).
     """
-    phases = sorted({s.node.stop_phase for s in self._states.values()})
-    for phase in phases:
+    for phase in sorted({s.node.stop_phase for s in self._states.values()}):
+      now = time.monotonic()
+      deadlines = {}
       for state in self._running(phase):
         state.handle.request_stop()
-      deadline = time.monotonic() + self._stop_grace
-      while (self._running(phase) and time.monotonic() < deadline
-             and not self._force.is_set()):
+        timeout = state.node.stop_timeout
+        if self._stop_grace is not None:
+          timeout = min(timeout, self._stop_grace)
+        deadlines[state.node.name] = (now + timeout, timeout)
+      while self._running(phase):
         self._reap()
-        time.sleep(0.1)
-    # Let earlier phases finish what the last phase released.
-    deadline = time.monotonic() + self._stop_grace
-    while self._running() and time.monotonic() < deadline and not self._force.is_set():
-      self._reap()
-      time.sleep(0.1)
-    for state in self._running():
-      self._echo(f"[launch] {state.node.name} did not stop in time; killing it")
-      state.handle.kill()
-      state.handle.drain()
-      state.handle = None
+        for state in self._running(phase):
+          deadline, timeout = deadlines[state.node.name]
+          if self._force.is_set() or time.monotonic() >= deadline:
+            if not self._force.is_set():
+              self._echo(f"[launch] {state.node.name} did not stop within {timeout:g}s; "
+                         "killing it")
+            state.handle.kill()
+            state.handle.drain()
+            state.handle = None
+        time.sleep(0.05)
     self._backend.close()

@@ -13,7 +13,7 @@ import traceback
 from typing import Any
 
 from launch.context import FileSink, NodeContext
-from launch.program import Node, load_entry_point
+from launch.program import Node, Program, load_entry_point
 from launch.run_dir import RunDir
 from launch.supervisor import Exit
 
@@ -80,9 +80,13 @@ class ThreadsBackend:
 
   name = "threads"
 
-  def __init__(self, run_dir: RunDir, *, advertise_host: str = "localhost"):
+  def __init__(self, run_dir: RunDir, program: Program | None = None, *,
+               advertise_host: str = "localhost"):
     self._run_dir = run_dir
     self._advertise_host = advertise_host
+    if program is not None and program.setup is not None:
+      entry_point, kwargs = program.setup
+      load_entry_point(entry_point)(**kwargs)
 
   def start(self, node: Node, kwargs: dict, attempt: int) -> ThreadHandle:
     return ThreadHandle(node, kwargs, attempt, self._run_dir, self._advertise_host)
