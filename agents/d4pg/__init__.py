@@ -1,0 +1,27 @@
+"""Distributed D4PG (Barth-Maron et al., 2018) on Reverb and `replication`.
+
+Modules: `config` (hyperparameters), `networks` (Sonnet), `numpy_policy` (fast acting),
+`losses` (maths), `replay` (Reverb tables), `adders` (n-step writer), `variables` (weight
+transport), `learning` (the replicated update), `acting` (actor/evaluator), `builder`
+(wiring used by `launch/`), `local_runner` (everything in one process).
+"""
+
+from agents.d4pg.acting import D4PGActor
+from agents.d4pg.builder import make_actor, make_environment, make_evaluator, make_learner
+from agents.d4pg.config import D4PGConfig
+from agents.d4pg.learning import D4PGLearner, Transition
+from agents.d4pg.replay import PARAMS_TABLE, REPLAY_TABLE, make_replay_server
+
+__all__ = [
+    "D4PGActor",
+    "D4PGConfig",
+    "D4PGLearner",
+    "PARAMS_TABLE",
+    "REPLAY_TABLE",
+    "Transition",
+    "make_actor",
+    "make_environment",
+    "make_evaluator",
+    "make_learner",
+    "make_replay_server",
+]

@@ -1,0 +1,117 @@
+"""N-step transition adder: each step written once, items reference slices of history.
+
+Per environment step t the writer appends ONE step (o_t, a_t, r_t, d_t), where r_t, d_t
+are the reward and discount of the timestep a_t led to. Items are references into that
+history, so an observation is stored once however many items use it:
+
+    item for t = (o_t, a_t, r_t..r_{t+m-1}, d_t..d_{t+m-1}, o_{t+m}),   m = min(n, T - t)
+
+where T is the index of the episode's last timestep. Mid-episode m = n; the last n-1
+transitions of an episode have m < n (exact n-step semantics, no padding):
+`losses.n_step_return` computes R_t and D_t from the two slices, whatever their length.
+
+At the end of an episode the final observation o_T is appended as one more step (with a
+zero action, reward and discount that no item references), the remaining items are
+created and the episode is flushed to the server.
+"""
+
+from __future__ import annotations
+
+import dm_env
+import numpy as np
+import reverb
+
+from agents import core
+from agents.d4pg.replay import REPLAY_TABLE, ReplayItem
+
+
+class NStepTransitionAdder(core.Adder):
+  """Writes n-step transitions of one actor into a Reverb table.
+
+  Args:
+    client: a `reverb.Client` of the replay server.
+    n_step: n >= 1.
+    action_shape: shape of one action (to write the zero action of the final step).
+    table: the table to insert items into.
+    priority: the priority of every item (uniform replay ignores it).
+    max_in_flight_items: items the writer may have sent but the server not yet accepted;
+      beyond that `add` blocks. This is how the table's rate limiter slows an actor
+      down (item creation alone never blocks).
+
+  Example:
+    adder = NStepTransitionAdder(reverb.Client("localhost:1234"), n_step=5, action_shape=(1,))
+    adder.add_first(env.reset())
+    adder.add(action, env.step(action))
+  """
+
+  def __init__(self, client: reverb.Client, n_step: int, action_shape=(1,),
+               table: str = REPLAY_TABLE, priority: float = 1.0,
+               max_in_flight_items: int = 64):
+    if n_step < 1:
+      raise ValueError(f"n_step must be >= 1, got {n_step}")
+    self._client = client
+    self._n = n_step
+    self._table = table
+    self._priority = priority
+    self._max_in_flight = max_in_flight_items
+    self._zero_action = np.zeros(action_shape, np.float32)
+    self._writer = client.trajectory_writer(num_keep_alive_refs=n_step + 1)
+    self._observation = None  # o_t, waiting for a_t, r_t, d_t.
+    self._steps = 0  # Steps appended in this episode.
+
+  def reset(self) -> None:
+    """Drops the unfinished episode: its buffered steps create no further items."""
+    self._writer.end_episode(clear_buffers=True)
+    self._observation = None
+    self._steps = 0
+
+  def add_first(self, timestep: dm_env.TimeStep) -> None:
+    if not timestep.first():
+      raise ValueError("add_first needs the episode's first timestep (StepType.FIRST); "
+                       f"got {timestep.step_type}.")
+    if self._steps or self._observation is not None:
+      self.reset()  # The previous episode was cut short: forget it.
+    self._observation = timestep.observation
+
+  def add(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
+    if self._observation is None:
+      raise ValueError("add() called before add_first() in this episode.")
+    n = self._n
+    self._writer.append((self._observation, np.asarray(action, np.float32),
+                         np.float32(next_timestep.reward),
+                         np.float32(next_timestep.discount)))
+    self._steps += 1
+    self._observation = next_timestep.observation
+    if self._steps > n:
+      # Step t = steps - 1 - n can now see o_{t+n}, the observation just appended.
+      self._create_item(n)
+      self._writer.flush(block_until_num_items=self._max_in_flight)
+    if next_timestep.last():
+      self._finish_episode()
+
+  def _create_item(self, m: int) -> None:
+    """Item for the transition starting m steps before the newest appended step."""
+    obs, action, reward, discount = self._writer.history
+    self._writer.create_item(
+        self._table, self._priority,
+        ReplayItem(observation=obs[-m - 1], action=action[-m - 1],
+                   rewards=reward[-m - 1:-1], discounts=discount[-m - 1:-1],
+                   next_observation=obs[-1]))
+
+  def _finish_episode(self) -> None:
+    # The final observation o_T is the last step; its action/reward/discount are unused.
+    self._writer.append((self._observation, self._zero_action, np.float32(0.0),
+                         np.float32(0.0)))
+    self._steps += 1
+    for m in range(min(self._n, self._steps - 1), 0, -1):
+      self._create_item(m)
+    self._writer.end_episode(clear_buffers=True)
+    self._observation = None
+    self._steps = 0
+
+  def flush(self, timeout_ms: int | None = None) -> None:
+    """Blocks until every created item has reached the server."""
+    self._writer.flush(timeout_ms=timeout_ms)
+
+  def close(self) -> None:
+    self._writer.close()

@@ -1,0 +1,73 @@
+"""Weight transport through the Reverb "params" table (max_size 1: the latest weights).
+
+The learner publishes `[version, *arrays]` (version = its update count); actors and the
+evaluator pull with a `VariableClient`. Reverb is the whole data plane, so a node needs
+nothing but the replay address.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+import reverb
+
+from agents.d4pg.replay import PARAMS_TABLE
+
+_log = logging.getLogger(__name__)
+
+
+def publish(client: reverb.Client, version: int, arrays: Sequence[np.ndarray],
+            table: str = PARAMS_TABLE) -> None:
+  """Makes `arrays` the latest weights (replacing the previous ones), tagged `version`."""
+  data = [np.asarray(version, np.int64)] + [np.asarray(a, np.float32) for a in arrays]
+  client.insert(data, priorities={table: 1.0})
+
+
+class VariableClient:
+  """Pulls the latest published weights; every `update_period` calls of `update()`.
+
+  Args:
+    client: a `reverb.Client` of the server holding the "params" table.
+    update_period: `update()` fetches on one call in this many (the first call always
+      tries); `update(wait=True)` always fetches.
+    table: the params table name.
+
+  Example:
+    variables = VariableClient(reverb.Client(address), update_period=1000)
+    variables.update(wait=True)        # blocks until the learner published once
+    weights, version = variables.weights, variables.version
+  """
+
+  def __init__(self, client: reverb.Client, update_period: int = 1,
+               table: str = PARAMS_TABLE):
+    self._client = client
+    self._period = max(1, int(update_period))
+    self._table = table
+    self._calls = 0
+    self._available = False  # Once the table is non-empty it stays so (max_size 1, FIFO).
+    self.weights: list[np.ndarray] | None = None
+    self.version: int = -1
+
+  def update(self, wait: bool = False) -> bool:
+    """Fetches the latest weights when due (or when `wait`); returns whether it did.
+
+    Non-blocking unless `wait`: before the learner's first publish it returns False
+    instead of waiting.
+    """
+    due = wait or self._calls % self._period == 0
+    self._calls += 1
+    if not due:
+      return False
+    if not wait and not self._available:
+      info = self._client.server_info()
+      if int(info[self._table].current_size) == 0:
+        return False
+    sample = next(self._client.sample(self._table, num_samples=1, emit_timesteps=False))
+    self._available = True
+    # Items written with `insert` come back with a leading time dimension of 1.
+    flat = [np.asarray(column)[0] for column in sample.data]
+    self.version = int(flat[0])
+    self.weights = flat[1:]
+    return True
