@@ -53,11 +53,31 @@ def make(spec: str = "cpu", *, workers: Sequence[str] | None = None,
     return _make_parameter_server(deployment, cluster)
 
 
+class _LocalReplicator(snt.distribute.Replicator):
+    """Sonnet's Replicator with collective keys of its own.
+
+    Each MirroredStrategy numbers its collective groups from the same class-wide
+    base, and TensorFlow's collective executor remembers a group's size by key for
+    the life of the process. A second strategy of another size in the same
+    process (`cpu:2`, then `cpu:4`) would then join "group 1" with the wrong size
+    and abort. TensorFlow's own tests give each strategy a distinct key base; we
+    do the same, so any number of Replicators can share a process.
+    """
+
+    _next_key_base = 0
+    _KEY_SPACE = 100_000  # group keys one strategy may use before overlapping
+
+    def __init__(self, devices: Sequence[str]):
+        _LocalReplicator._next_key_base += self._KEY_SPACE
+        self._collective_key_base = _LocalReplicator._next_key_base
+        super().__init__(devices=devices)
+
+
 def _make_cpu(deployment: Deployment) -> Replicator:
     replicas, per_replica = deployment.replicas, deployment.devices_per_replica
     devices = ensure_logical_cpus(replicas * per_replica)
     groups = [devices[i * per_replica:(i + 1) * per_replica] for i in range(replicas)]
-    strategy = snt.distribute.Replicator(devices=[group[0] for group in groups])
+    strategy = _LocalReplicator(devices=[group[0] for group in groups])
     return Replicator(strategy, deployment, device_groups=groups)
 
 
@@ -73,7 +93,7 @@ def _make_gpu(deployment: Deployment) -> Replicator:
     if count > len(gpus):
         raise RuntimeError(f"'gpu:{count}' asks for {count} GPUs but only {len(gpus)} are visible.")
     devices = [gpu.name for gpu in gpus[:count]]
-    strategy = snt.distribute.Replicator(devices=devices)
+    strategy = _LocalReplicator(devices=devices)
     return Replicator(strategy, deployment, device_groups=[[d] for d in devices])
 
 

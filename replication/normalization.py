@@ -11,8 +11,63 @@ from __future__ import annotations
 import sonnet as snt
 import tensorflow as tf
 
-# Moments all-reduced across replicas; reused from Sonnet rather than rewritten.
-CrossReplicaBatchNorm = snt.distribute.CrossReplicaBatchNorm
+from replication.variables import create_in_scope
+
+class CrossReplicaBatchNorm(snt.distribute.CrossReplicaBatchNorm):
+    """Sonnet's cross-replica batch norm, with moving averages made for you.
+
+    Batch moments are all-reduced across replicas in training, so statistics are
+    those of the global batch. Arguments follow `snt.distribute.CrossReplicaBatchNorm`
+    in order; `moving_mean`/`moving_variance` may be omitted, in which case
+    exponential moving averages with `decay_rate` are created.
+    """
+
+    def __init__(self, create_scale: bool = True, create_offset: bool = True,
+                 moving_mean: snt.Metric | None = None,
+                 moving_variance: snt.Metric | None = None,
+                 eps: float = 1e-5, scale_init=None, offset_init=None,
+                 data_format: str = "channels_last", decay_rate: float = 0.999,
+                 name: str | None = None):
+        super().__init__(
+            create_scale, create_offset,
+            moving_mean or snt.ExponentialMovingAverage(decay_rate, name="moving_mean"),
+            moving_variance or snt.ExponentialMovingAverage(decay_rate, name="moving_variance"),
+            eps=eps, scale_init=scale_init, offset_init=offset_init,
+            data_format=data_format, name=name)
+
+    def __call__(self, inputs: tf.Tensor, is_training, test_local_stats=False,
+                 scale: tf.Tensor | None = None, offset: tf.Tensor | None = None) -> tf.Tensor:
+        self._create_moving_averages(inputs)
+        return super().__call__(inputs, is_training, test_local_stats=test_local_stats,
+                                scale=scale, offset=offset)
+
+    @snt.once
+    def _create_moving_averages(self, inputs: tf.Tensor) -> None:
+        # Sonnet's moving averages create their variables on their first update,
+        # i.e. inside the replicated training step, where each replica would make
+        # its own from its own batch. Create them up front, zero, in scope.
+        shape = [1] * inputs.shape.rank
+        shape[self._channel_index] = int(inputs.shape[self._channel_index])
+        dtype = inputs.dtype
+
+        def create():
+            for average in (self.moving_mean, self.moving_variance):
+                if hasattr(average, "initialize"):
+                    average.initialize(tf.zeros(shape, dtype))
+        create_in_scope(create)
+
+    def _moments(self, inputs: tf.Tensor, use_batch_stats) -> tuple[tf.Tensor, tf.Tensor]:
+        # Sonnet refuses cross-replica context outright, which also forbids the
+        # common "call the model once in scope() to build it" with
+        # is_training=False. Moving statistics need no collective, so allow that.
+        if tf.distribute.get_replica_context() is None:
+            if use_batch_stats is False:
+                return self.moving_mean.value, self.moving_variance.value
+            raise TypeError(
+                "CrossReplicaBatchNorm with batch statistics (is_training=True) must "
+                "run inside a step function run by Replicator.run; outside a step "
+                "call it with is_training=False.")
+        return super()._moments(inputs, use_batch_stats)
 
 
 class SpectralNorm(snt.Module):
@@ -48,9 +103,15 @@ class SpectralNorm(snt.Module):
     @snt.once
     def _initialize(self, weight: tf.Tensor) -> None:
         fan_out = int(weight.shape[-1])
-        initial = tf.random.normal([1, fan_out], dtype=weight.dtype)
-        self.u = tf.Variable(initial / tf.norm(initial), trainable=False, name="u")
-        self.sigma = tf.Variable(tf.ones([], weight.dtype), trainable=False, name="sigma")
+        dtype = weight.dtype
+
+        def create():
+            initial = tf.random.normal([1, fan_out], dtype=dtype)
+            self.u = tf.Variable(initial / tf.norm(initial), trainable=False, name="u")
+            self.sigma = tf.Variable(tf.ones([], dtype), trainable=False, name="sigma")
+        # In scope and eagerly, so u starts identical on every replica even when
+        # the first call is inside a replicated step.
+        create_in_scope(create)
 
     def __call__(self, weight: tf.Tensor, is_training: bool = True) -> tf.Tensor:
         self._initialize(weight)

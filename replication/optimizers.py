@@ -14,6 +14,8 @@ from typing import Sequence
 import sonnet as snt
 import tensorflow as tf
 
+from replication.variables import create_in_scope
+
 
 class ReplicatedOptimizer(snt.Module):
     """Wraps a Sonnet optimizer for use inside `Replicator.run`.
@@ -21,13 +23,11 @@ class ReplicatedOptimizer(snt.Module):
     Args:
       optimizer: a Sonnet optimizer (`snt.optimizers.Adam`, `SGD`, `Momentum`,
         `RMSProp`, ...) constructed inside `Replicator.scope()`.
-      scope: a context-manager factory entering the replicator's variable scope,
-        used to create optimizer state eagerly (see `_create_state`).
       synchronous: False for asynchronous parameter-server training, where each
         worker applies its own gradients and nothing is all-reduced.
     """
 
-    def __init__(self, optimizer: snt.Optimizer, scope, synchronous: bool = True,
+    def __init__(self, optimizer: snt.Optimizer, synchronous: bool = True,
                  name: str | None = None):
         super().__init__(name=name or f"replicated_{optimizer.name}")
         if isinstance(optimizer, ReplicatedOptimizer):
@@ -36,7 +36,6 @@ class ReplicatedOptimizer(snt.Module):
                 "the gradients twice. Pass the wrapped optimizer as it is."
             )
         self.optimizer = optimizer
-        self._scope = scope
         self._synchronous = synchronous
         self._state_created = not hasattr(optimizer, "_initialize")
 
@@ -74,18 +73,17 @@ class ReplicatedOptimizer(snt.Module):
             for i, update in zip(present, reduced):
                 updates[i] = update
         if not self._state_created:
-            # Sonnet creates optimizer slots lazily on the first apply. Inside a
-            # replicated tf.function on TF 2.15 that creation fails ("You must feed
-            # a value for placeholder tensor 'cond/else/_1/cond/Placeholder'"), so
-            # we create the state once, eagerly, in cross-replica context.
-            context.merge_call(lambda _: self._create_state(parameters))
+            # Sonnet creates optimizer slots lazily on the first apply; inside a
+            # replicated tf.function on TF 2.15 that fails ("You must feed a value
+            # for placeholder tensor 'cond/else/_1/cond/Placeholder'"). Create them
+            # once, eagerly, in the replicator's scope instead.
+            create_in_scope(lambda: self._create_state(parameters))
         # None updates stay in place: Sonnet skips them and keeps its slot list
         # aligned with the parameter list.
         self.optimizer.apply(updates, list(parameters))
 
     def _create_state(self, parameters: Sequence[tf.Variable]) -> None:
-        with tf.init_scope(), self._scope():
-            # Sonnet's optimizers expose no public "build"; `_initialize` is the
-            # once-only slot constructor every stateful one of them defines.
-            self.optimizer._initialize(list(parameters))  # pylint: disable=protected-access
+        # Sonnet's optimizers expose no public "build"; `_initialize` is the
+        # once-only slot constructor every stateful one of them defines.
+        self.optimizer._initialize(list(parameters))  # pylint: disable=protected-access
         self._state_created = True

@@ -22,7 +22,7 @@ import sonnet as snt
 import tensorflow as tf
 from sonnet.src.distribute.replicator import replica_local_creator
 
-from replication import collectives
+from replication import collectives, variables
 from replication.deployments import Deployment
 from replication.optimizers import ReplicatedOptimizer
 
@@ -65,6 +65,7 @@ class Replicator:
             tf.DeviceSpec.from_string(group[0]).to_string(): list(group)
             for group in (device_groups or [])
         }
+        variables.register_scope(strategy, self.scope)
 
     # ----------------------------------------------------------------- basics
     def __repr__(self) -> str:
@@ -98,7 +99,7 @@ class Replicator:
 
     def wrap_optimizer(self, optimizer: snt.Optimizer) -> ReplicatedOptimizer:
         """Returns `optimizer` wrapped to average gradients across replicas once."""
-        return ReplicatedOptimizer(optimizer, self.scope, synchronous=not self.is_asynchronous)
+        return ReplicatedOptimizer(optimizer, synchronous=not self.is_asynchronous)
 
     # ------------------------------------------------------------------ input
     def per_replica_batch_size(self, global_batch_size: int) -> int:

@@ -1,0 +1,139 @@
+"""The guarantee: N replicas of batch B update exactly like one replica of batch N*B."""
+
+import numpy as np
+import pytest
+import sonnet as snt
+import tensorflow as tf
+
+import replication
+
+PER_REPLICA_BATCH = 4
+STEPS = 5
+FEATURES = 3
+
+
+class Net(snt.Module):
+    """An MLP with optional cross-replica batch norm and spectral norm."""
+
+    def __init__(self, batch_norm: bool, spectral_norm: bool):
+        super().__init__()
+        init = snt.initializers.VarianceScaling(seed=1)
+        # No bias before batch norm: it has no gradient, and Adam would amplify
+        # rounding noise in it into an ill-conditioned comparison.
+        self.hidden = snt.Linear(16, with_bias=not batch_norm, w_init=init)
+        self.out = snt.Linear(1, w_init=snt.initializers.VarianceScaling(seed=2))
+        self.bn = replication.CrossReplicaBatchNorm(True, True, decay_rate=0.9) if batch_norm else None
+        self.sn = replication.SpectralNorm() if spectral_norm else None
+
+    def __call__(self, x, is_training=True):
+        h = self.hidden(x)
+        if self.bn is not None:
+            h = self.bn(h, is_training=is_training)
+        h = tf.nn.relu(h)
+        if self.sn is not None:
+            self.out(h)  # create w and b
+            w = self.sn(self.out.w, is_training=is_training)
+            return tf.matmul(h, w) + self.out.b
+        return self.out(h)
+
+
+def train(spec: str, global_batch: int, batch_norm=False, spectral_norm=False):
+    repl = replication.make(spec)
+    rng = np.random.RandomState(0)
+    x = rng.randn(STEPS * global_batch, FEATURES).astype(np.float32)
+    y = (x @ rng.randn(FEATURES, 1) + 0.1 * rng.randn(STEPS * global_batch, 1)).astype(np.float32)
+    tf.random.set_seed(3)  # same spectral-norm u initialisation in every run
+    with repl.scope():
+        net = Net(batch_norm, spectral_norm)
+        net(tf.zeros([2, FEATURES]), is_training=False)
+        opt = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+    initial_w = net.hidden.w.numpy()
+
+    def input_fn(ctx):
+        batch = ctx.get_per_replica_batch_size(global_batch)
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+    def step(features, targets):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((net(features) - targets) ** 2)
+        opt.apply(tape.gradient(loss, net.trainable_variables), net.trainable_variables)
+        return loss
+
+    @tf.function
+    def train_step(iterator):
+        return repl.reduce(repl.run(step, *next(iterator)), "mean")
+
+    iterator = iter(repl.distribute(input_fn))
+    losses = [float(train_step(iterator)) for _ in range(STEPS)]
+    state = {v.name + str(i): v.numpy() for i, v in enumerate(net.variables)}
+    state.update({f"opt{i}": v.numpy() for i, v in enumerate(opt.variables)})
+    # The parameters moved, so no comparison is one of two initialisations.
+    assert np.abs(net.hidden.w.numpy() - initial_w).max() > 1e-3
+    return losses, state
+
+
+def assert_same(reference, candidate):
+    ref_losses, ref_state = reference
+    losses, state = candidate
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, atol=1e-6)
+    assert sorted(state) == sorted(ref_state)
+    for name, value in ref_state.items():
+        np.testing.assert_allclose(state[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 4])
+def test_adam_updates_match_single_replica_with_global_batch(replicas):
+    reference = train("cpu", PER_REPLICA_BATCH * replicas)
+    candidate = train(f"cpu:{replicas}", PER_REPLICA_BATCH * replicas)
+    assert_same(reference, candidate)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_cross_replica_batch_norm_statistics_match(replicas):
+    reference = train("cpu", PER_REPLICA_BATCH * replicas, batch_norm=True)
+    candidate = train(f"cpu:{replicas}", PER_REPLICA_BATCH * replicas, batch_norm=True)
+    assert_same(reference, candidate)
+    means = [v for k, v in candidate[1].items() if "moving_mean" in k]
+    assert means and np.abs(means[0]).sum() > 0  # statistics were actually updated
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_spectral_norm_state_matches_and_normalises(replicas):
+    reference = train("cpu", PER_REPLICA_BATCH * replicas, spectral_norm=True)
+    candidate = train(f"cpu:{replicas}", PER_REPLICA_BATCH * replicas, spectral_norm=True)
+    assert_same(reference, candidate)
+    state = candidate[1]
+    w = next(v for k, v in state.items() if "linear/w" in k and v.shape == (16, 1))
+    sigma = next(v for k, v in state.items() if "sigma" in k)
+    # After several power iterations sigma approaches the top singular value.
+    assert abs(float(sigma) - np.linalg.svd(w, compute_uv=False)[0]) < 0.05 * float(sigma)
+
+
+def test_each_replica_keeps_an_identical_copy_of_every_variable():
+    repl = replication.make("cpu:2")
+    with repl.scope():
+        net = Net(batch_norm=True, spectral_norm=True)
+        net(tf.zeros([2, FEATURES]), is_training=False)
+        opt = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(net(x) ** 2)
+        opt.apply(tape.gradient(loss, net.trainable_variables), net.trainable_variables)
+
+    data = repl.distribute_dataset(
+        tf.data.Dataset.from_tensor_slices(np.random.RandomState(1).randn(16, FEATURES).astype(np.float32)).batch(8))
+    for batch in data:
+        tf.function(lambda b: repl.run(step, b))(batch)
+    for variable in net.variables + opt.variables:
+        copies = [v.numpy() for v in repl.local_results(variable)]
+        assert len(copies) == 2
+        np.testing.assert_array_equal(copies[0], copies[1], err_msg=variable.name)
+
+
+def test_wrapping_twice_is_refused():
+    repl = replication.make("cpu")
+    with repl.scope():
+        opt = repl.wrap_optimizer(snt.optimizers.SGD(0.1))
+    with pytest.raises(ValueError, match="already wrapped"):
+        repl.wrap_optimizer(opt)
