@@ -1,0 +1,162 @@
+"""dm-control suite tasks by name: `make("cartpole:swingup")`, `list_tasks()`, and their errors.
+
+Example:
+
+>>> env = make("walker:walk", seed=1, action_repeat=2)
+>>> timestep = env.reset()
+>>> timestep.observation.dtype, timestep.observation.shape
+(dtype('float32'), (24,))
+>>> env.action_spec().minimum, env.action_spec().maximum
+(array(-1., dtype=float32), array(1., dtype=float32))
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import logging
+import os
+from types import ModuleType
+
+import dm_env
+
+from environments import wrappers
+from environments.wrappers import RenderingUnavailableError
+
+_log = logging.getLogger(__name__)
+
+# Set if the configured OpenGL backend failed to import and dm-control was loaded without
+# rendering instead; `make(..., from_pixels=True)` reports it.
+_render_import_error: Exception | None = None
+
+
+class UnknownTaskError(ValueError):
+    """A task name that is not `"domain:task"` for a dm-control suite task."""
+
+
+@functools.cache
+def _dm_suite() -> ModuleType:
+    """Imports `dm_control.suite` once, surviving a broken OpenGL backend.
+
+    dm-control imports the backend named by MUJOCO_GL eagerly, so a machine without
+    libEGL would fail on `import dm_control.suite` even for feature observations. In that
+    case import it again with rendering disabled (MUJOCO_GL is only changed during that
+    import, so child processes still see the user's setting) and remember the error for
+    `from_pixels=True`.
+    """
+    global _render_import_error
+    try:
+        from dm_control import suite
+        return suite
+    except Exception as e:  # The GL backends fail with ImportError, AttributeError, ...
+        first_error = e
+    saved = {k: os.environ.get(k) for k in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    os.environ["MUJOCO_GL"] = "disable"
+    try:
+        from dm_control import suite
+    except Exception:
+        raise first_error from None  # Not a rendering problem after all.
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    _render_import_error = first_error
+    _log.warning("dm-control could not load its OpenGL backend (MUJOCO_GL=%s: %s); "
+                 "feature observations work, pixel observations will raise.",
+                 saved["MUJOCO_GL"], first_error)
+    return suite
+
+
+def list_tasks() -> list[str]:
+    """Returns every dm-control suite task as a sorted list of `"domain:task"` names."""
+    return sorted(f"{domain}:{task}" for domain, task in _dm_suite().ALL_TASKS)
+
+
+def parse_task_name(name: str) -> tuple[str, str]:
+    """Splits `"domain:task"` into `(domain, task)` after checking the task exists.
+
+    Raises:
+      UnknownTaskError: if `name` is malformed or names no suite task; the message lists
+        the closest valid names.
+    """
+    tasks = list_tasks()
+    if name in tasks:
+        domain, task = name.split(":")
+        return domain, task
+    if not isinstance(name, str) or name.count(":") != 1:
+        problem = f"Malformed task name {name!r}: expected 'domain:task', e.g. 'cartpole:swingup'."
+    else:
+        problem = f"Unknown dm-control task {name!r}."
+    query = str(name).lower()
+    close = difflib.get_close_matches(query, tasks, n=5, cutoff=0.6)
+    domain = query.split(":")[0]
+    close += [t for t in tasks if t.startswith(domain + ":") and t not in close]
+    hint = f" Did you mean: {', '.join(close[:8])}?" if close else ""
+    raise UnknownTaskError(
+        f"{problem}{hint} Run `replicator list-tasks` or call "
+        f"environments.list_tasks() to see all {len(tasks)} tasks.")
+
+
+def make(name: str, *, seed: int | None = 0, from_pixels: bool = False, height: int = 84,
+         width: int = 84, camera_id: int = 0, frame_stack: int = 1, action_repeat: int = 1,
+         time_limit: float | None = None) -> dm_env.Environment:
+    """Builds a dm-control suite task with the observation and action conventions agents use.
+
+    Observations are one flat float32 vector of the task's features (dict order), or, with
+    `from_pixels=True`, uint8 frames of shape (height, width, 3 * frame_stack) stacked
+    oldest first. Actions are float32 in [-1, 1], clipped, and mapped affinely onto the
+    task's bounds. Rewards and discounts are float32.
+
+    Args:
+      name: `"domain:task"`, e.g. `"cartpole:swingup"`; see `list_tasks()`.
+      seed: seeds the task's random state (`task_kwargs={"random": seed}`): two envs with
+        the same seed give identical trajectories for the same actions. None: unseeded.
+      from_pixels: observe rendered frames instead of the features.
+      height: frame height in pixels (pixels only).
+      width: frame width in pixels (pixels only).
+      camera_id: MuJoCo camera to render from (pixels only); -1 is the free camera.
+      frame_stack: number of most recent frames stacked along channels (pixels only;
+        3 is typical).
+      action_repeat: physics steps per agent step; rewards are summed, discounts
+        multiplied, and repetition stops early at the end of an episode.
+      time_limit: episode length in simulated seconds (independent of `action_repeat`);
+        None keeps the task's default.
+
+    Returns:
+      A `dm_env.Environment`. Attributes of the dm-control env (e.g. `physics`) are
+      reachable through it.
+
+    Raises:
+      UnknownTaskError: `name` is malformed or not a suite task.
+      RenderingUnavailableError: `from_pixels=True` and no OpenGL backend can render.
+      ValueError: an argument is out of range.
+    """
+    domain, task = parse_task_name(name)
+    if action_repeat < 1:
+        raise ValueError(f"action_repeat must be >= 1, got {action_repeat}.")
+    if frame_stack < 1:
+        raise ValueError(f"frame_stack must be >= 1, got {frame_stack}.")
+    if frame_stack != 1 and not from_pixels:
+        raise ValueError("frame_stack applies to pixel observations; pass from_pixels=True "
+                         "or leave frame_stack=1.")
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit}.")
+
+    dm_suite = _dm_suite()
+    if from_pixels and _render_import_error is not None:
+        raise RenderingUnavailableError(wrappers.rendering_help(_render_import_error))
+    task_kwargs: dict = {"random": seed}
+    if time_limit is not None:
+        # Every suite task takes time_limit as a task argument (not an environment one).
+        task_kwargs["time_limit"] = time_limit
+    env = dm_suite.load(domain, task, task_kwargs=task_kwargs)
+
+    if action_repeat > 1:
+        env = wrappers.ActionRepeat(env, action_repeat)
+    if from_pixels:
+        env = wrappers.PixelObservation(env, height=height, width=width, camera_id=camera_id,
+                                        frame_stack=frame_stack)
+    else:
+        env = wrappers.FlattenFeatures(env)
+    return wrappers.CanonicalActions(env)
