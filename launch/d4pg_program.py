@@ -33,6 +33,26 @@ RESUMABLE_CONFIG_KEYS = frozenset({
 })
 
 
+# Base hyperparameters a new run starts from (then --config.KEY=VALUE applies on top).
+# "paper" is D4PGConfig's defaults, the published agent. "quick" shrinks networks and
+# batch so that a 2-core laptop shows learning within minutes.
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "quick": {
+        "policy_layers": (64, 64),
+        "critic_layers": (128, 128),
+        "batch_size": 64,
+        "min_replay_size": 1000,
+        "samples_per_insert": 16.0,
+        "variable_update_period": 250,
+        "publish_period": 10,
+        "policy_lr": 3e-4,
+        "critic_lr": 3e-4,
+    },
+}
+QUICK_STEPS = 100_000  # Default actor-step budget of `replicator launch d4pg`.
+
+
 @dataclasses.dataclass(frozen=True)
 class D4PGProgramSettings:
   """How the program is laid out (not part of a run's identity: may change on resume).

@@ -79,6 +79,7 @@ class Progress:
     self._wall_offset = 0.0
     self._start = time.monotonic()
     self._history: collections.deque = collections.deque(maxlen=120)
+    self._last_saved = 0.0
     self._launcher_sink = FileSink(run_dir.metrics_path(LAUNCHER))
     # Earlier launches of this run: rebuild the totals, but write no CSV rows for them.
     for record in self._tail.read():
@@ -96,8 +97,10 @@ class Progress:
       self._apply(record, write_csv=True)
     self._history.append((time.monotonic(), self.totals["actor_steps"],
                           self.gauges.get("learner_steps", 0)))
-    self._launcher_sink(json.dumps({"t": time.time(), "node": LAUNCHER, "kind": "progress",
-                                    "wall_time_s": round(self.wall_time, 3)}))
+    if time.monotonic() - self._last_saved >= 5.0:
+      self._last_saved = time.monotonic()
+      self._launcher_sink(json.dumps({"t": time.time(), "node": LAUNCHER, "kind": "progress",
+                                      "wall_time_s": round(self.wall_time, 3)}))
 
   def _apply(self, record: dict[str, Any], write_csv: bool) -> None:
     kind = record.get("kind")
@@ -144,8 +147,8 @@ class Progress:
   def line(self, restarts: dict[str, int] | None = None) -> str:
     actor_rate, learner_rate = self.rates()
     elapsed = int(self.wall_time)
+    stamp = f"[{self._name} {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}]"
     parts = [
-        f"[{self._name} {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}]",
         f"actor steps {int(self.totals['actor_steps']):,} ({actor_rate:,.0f}/s)",
         f"learner steps {int(self.gauges.get('learner_steps', 0)):,} ({learner_rate:,.1f}/s)",
         f"episodes {int(self.totals['episodes']):,}",
@@ -158,7 +161,7 @@ class Progress:
     restarted = {k: v for k, v in (restarts or {}).items() if v}
     if restarted:
       parts.append("restarts " + ",".join(f"{k}={v}" for k, v in sorted(restarted.items())))
-    return " | ".join(parts)
+    return stamp + " " + " | ".join(parts)
 
 
 def read_csv(path: str) -> list[dict[str, float]]:
