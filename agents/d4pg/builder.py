@@ -38,14 +38,18 @@ def make_environment(config: D4PGConfig, env_name: str, seed: int):
 
 def make_learner(config: D4PGConfig, env_spec, replay_address: str,
                  replicator: replication.Replicator,
-                 checkpoint_dir: str | None) -> D4PGLearner:
+                 checkpoint_dir: str | None, *,
+                 rate_limiter_timeout_ms: int = -1) -> D4PGLearner:
   """A learner sampling from `replay_address` and publishing weights to it.
 
   Publishes its initial weights immediately, so actors can start acting.
   Call `restore()` to resume from `checkpoint_dir` (it republishes the weights).
+  With `rate_limiter_timeout_ms >= 0`, `step()` raises `ReplayTimeoutError` when no batch
+  could be sampled for that long (default: wait forever).
   """
   learner = D4PGLearner(config, env_spec, replicator,
-                        input_fn=reverb_input_fn(replay_address, config),
+                        input_fn=reverb_input_fn(replay_address, config,
+                                                 rate_limiter_timeout_ms),
                         replay_client=reverb.Client(replay_address),
                         checkpoint_dir=checkpoint_dir)
   learner.publish_variables()

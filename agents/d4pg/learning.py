@@ -29,27 +29,48 @@ class Transition(collections.namedtuple(
 InputFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
 
-def reverb_input_fn(server_address: str, config: D4PGConfig) -> InputFn:
+class ReplayTimeoutError(TimeoutError):
+  """No batch could be sampled in time (the rate limiter kept blocking: actors idle)."""
+
+
+def reverb_input_fn(server_address: str, config: D4PGConfig,
+                    rate_limiter_timeout_ms: int = -1) -> InputFn:
   """Per-replica batches of n-step `Transition`s sampled from the "replay" table.
 
   Each input pipeline opens its own Reverb dataset (so every pipeline samples
-  independently); the n-step return and discount are computed per item before batching.
+  independently); n-step returns and discounts are computed on (padded) batches.
+
+  Args:
+    server_address: "host:port" of the replay server.
+    config: batch size, n-step discount, prefetching.
+    rate_limiter_timeout_ms: -1 waits for data forever; otherwise the dataset ends when
+      the rate limiter blocks sampling this long, and `D4PGLearner.step()` raises
+      `ReplayTimeoutError` (so a caller can stop a learner that waits for actors).
   """
   discount = float(config.discount)
 
-  def to_transition(sample: reverb.ReplaySample) -> Transition:
+  def to_transitions(sample: reverb.ReplaySample) -> Transition:
     item = sample.data
-    ret, disc = losses.n_step_return(item.rewards, item.discounts, discount)
-    return Transition(item.observation, item.action, ret, disc, item.next_observation)
+    returns, discounts = losses.n_step_return(item.rewards, item.discounts, discount,
+                                              mask=item.discounts >= 0)
+    return Transition(item.observation, item.action, returns, discounts,
+                      item.next_observation)
 
   def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
     per_replica = context.get_per_replica_batch_size(config.batch_size)
     dataset = reverb.TrajectoryDataset.from_table_signature(
         server_address=server_address, table=REPLAY_TABLE,
         max_in_flight_samples_per_worker=max(config.max_in_flight_samples_per_worker,
-                                             2 * per_replica))
-    dataset = dataset.map(to_transition, num_parallel_calls=tf.data.AUTOTUNE)
-    dataset = dataset.batch(per_replica, drop_remainder=True)
+                                             2 * per_replica),
+        rate_limiter_timeout_ms=rate_limiter_timeout_ms)
+    # Items shorter than n (episode ends) are padded to the batch's longest; a negative
+    # discount marks padding. Batching first and computing returns on whole batches is
+    # several times cheaper than a per-item map.
+    padding = tf.nest.map_structure(lambda spec: tf.zeros([], spec.dtype),
+                                    dataset.element_spec)
+    padding = padding._replace(data=padding.data._replace(discounts=tf.constant(-1.0)))
+    dataset = dataset.padded_batch(per_replica, padding_values=padding, drop_remainder=True)
+    dataset = dataset.map(to_transitions)
     return dataset.prefetch(config.prefetch_size)
 
   return input_fn
@@ -98,6 +119,7 @@ class D4PGLearner(core.Learner):
       self._num_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_steps")
     self._copy_to_target()
 
+    self._input_fn = input_fn
     self._iterator = iter(replicator.distribute(input_fn))
     self._train = tf.function(self._train_step)
     self._steps_since_publish = 0
@@ -165,8 +187,20 @@ class D4PGLearner(core.Learner):
     return self._repl.reduce(per_replica, "mean")
 
   def step(self) -> dict[str, float]:
-    """One replicated update (publishing weights every `publish_period` updates)."""
-    metrics = self._train(self._iterator)
+    """One replicated update (publishing weights every `publish_period` updates).
+
+    Raises:
+      ReplayTimeoutError: the input ended, i.e. sampling timed out (only with a
+        `rate_limiter_timeout_ms` input); the next call samples again.
+    """
+    try:
+      metrics = self._train(self._iterator)
+    except tf.errors.OutOfRangeError:
+      self._iterator = iter(self._repl.distribute(self._input_fn))
+      raise ReplayTimeoutError(
+          "No replay batch within the sampling timeout: the rate limiter is waiting for "
+          "actors to insert more (or the replay has fewer than min_replay_size items)."
+      ) from None
     self._steps_since_publish += 1
     if self._client is not None and self._steps_since_publish >= self._config.publish_period:
       self.publish_variables()

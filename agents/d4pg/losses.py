@@ -11,9 +11,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def n_step_return(rewards: tf.Tensor, discounts: tf.Tensor, gamma: float
-                  ) -> tuple[tf.Tensor, tf.Tensor]:
-  """n-step return and bootstrap discount of one transition (unbatched, length m <= n).
+def n_step_return(rewards: tf.Tensor, discounts: tf.Tensor, gamma: float,
+                  mask: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+  """n-step returns and bootstrap discounts of transitions of length m <= n.
 
       R_t = sum_{k<m} gamma^k (prod_{i<k} d_{t+i}) r_{t+k}
       D_t = gamma^m prod_{i<m} d_{t+i}
@@ -24,19 +24,24 @@ def n_step_return(rewards: tf.Tensor, discounts: tf.Tensor, gamma: float
   R_t + D_t Z(o_{t+m}, pi(o_{t+m})).
 
   Args:
-    rewards: [m] float32.
-    discounts: [m] float32 environment discounts.
+    rewards: [..., n] float32 rewards r_t..r_{t+n-1}.
+    discounts: [..., n] float32 environment discounts d_t..d_{t+n-1}.
     gamma: the agent's discount.
+    mask: optional [..., n] bool, False on padding (positions k >= m of a transition
+      shorter than n); padded entries contribute nothing.
 
   Returns:
-    (R_t, D_t): two float32 scalars.
+    (R_t, D_t): float32 tensors of shape [...].
   """
   rewards = tf.cast(rewards, tf.float32)
-  discounts = tf.cast(discounts, tf.float32)
-  gamma_discounts = gamma * discounts
+  gamma_discounts = gamma * tf.cast(discounts, tf.float32)
+  if mask is not None:
+    rewards = tf.where(mask, rewards, 0.0)
+    gamma_discounts = tf.where(mask, gamma_discounts, 1.0)
   # Weight of r_{t+k}: prod_{i<k} gamma d_{t+i} (exclusive cumulative product).
-  weights = tf.math.cumprod(gamma_discounts, exclusive=True)
-  return tf.reduce_sum(weights * rewards), tf.reduce_prod(gamma_discounts)
+  weights = tf.math.cumprod(gamma_discounts, axis=-1, exclusive=True)
+  return (tf.reduce_sum(weights * rewards, axis=-1),
+          tf.reduce_prod(gamma_discounts, axis=-1))
 
 
 def categorical_l2_project(target_atoms: tf.Tensor, target_probs: tf.Tensor,

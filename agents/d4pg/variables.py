@@ -30,8 +30,8 @@ class VariableClient:
 
   Args:
     client: a `reverb.Client` of the server holding the "params" table.
-    update_period: `update()` fetches on one call in this many (the first call always
-      tries); `update(wait=True)` always fetches.
+    update_period: `update()` fetches on one call in this many; `update(wait=True)`
+      always fetches.
     table: the params table name.
 
   Example:
@@ -45,21 +45,23 @@ class VariableClient:
     self._client = client
     self._period = max(1, int(update_period))
     self._table = table
-    self._calls = 0
+    self._calls_since_attempt = 0
     self._available = False  # Once the table is non-empty it stays so (max_size 1, FIFO).
     self.weights: list[np.ndarray] | None = None
     self.version: int = -1
 
   def update(self, wait: bool = False) -> bool:
-    """Fetches the latest weights when due (or when `wait`); returns whether it did.
+    """Fetches the latest weights when due; returns whether it did.
 
-    Non-blocking unless `wait`: before the learner's first publish it returns False
-    instead of waiting.
+    Due: with `wait`, while no weights were fetched yet, or on every `update_period`-th
+    call since the last attempt. Non-blocking unless `wait`: before the learner's first
+    publish it returns False instead of waiting.
     """
-    due = wait or self._calls % self._period == 0
-    self._calls += 1
+    self._calls_since_attempt += 1
+    due = wait or self.weights is None or self._calls_since_attempt >= self._period
     if not due:
       return False
+    self._calls_since_attempt = 0
     if not wait and not self._available:
       info = self._client.server_info()
       if int(info[self._table].current_size) == 0:
