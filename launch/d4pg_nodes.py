@@ -83,8 +83,12 @@ def learner(ctx, *, task: str, config: dict, replay_address: str, replicas: str 
   from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
   cfg = _config(config)
   _, spec = _environment(cfg, task, seed=cfg.seed)
+  from agents.d4pg.learning import ReplayTimeoutError  # pylint: disable=import-outside-toplevel
+  # A bounded wait for replay batches keeps the loop responsive to stop requests
+  # while the rate limiter waits for actors.
   agent = builder.make_learner(cfg, spec, replay_address, repl,
-                               ctx.path(_CHECKPOINTS, "learner", ""))
+                               ctx.path(_CHECKPOINTS, "learner", ""),
+                               rate_limiter_timeout_ms=1000)
   restored = agent.restore()
   steps = agent.num_steps
   ctx.log(f"{'restored at' if restored else 'starting from'} step {steps} "
@@ -96,7 +100,10 @@ def learner(ctx, *, task: str, config: dict, replay_address: str, replicas: str 
   metrics: dict[str, float] = {}
   try:
     while not ctx.should_stop():
-      metrics = agent.step()
+      try:
+        metrics = agent.step()
+      except ReplayTimeoutError:
+        continue  # Waiting for actors (or for min_replay_size); check for a stop.
       steps = agent.num_steps
       now = time.monotonic()
       if now - last_report >= report_every_s:

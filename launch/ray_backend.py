@@ -68,10 +68,11 @@ class RayNode:
     self._logs: list[str] = []
     self._published: dict[str, Any] = {}
 
-  def _append(self, buffer: list[str]) -> Callable[[str], None]:
+  def _append(self, buffer: str) -> Callable[[str], None]:
+    # By attribute name: `drain` swaps the lists, so a captured list would go stale.
     def sink(line: str) -> None:
       with self._lock:
-        buffer.append(line)
+        getattr(self, buffer).append(line)
     return sink
 
   def _publish(self, key: str, value: Any) -> None:
@@ -84,8 +85,8 @@ class RayNode:
     host = spec["advertise_host"] or ray.util.get_node_ip_address()
     ctx = NodeContext(spec["name"], spec["run_dir"], attempt=spec["attempt"],
                       advertise_host=host, stop_event=self._stop,
-                      metrics_sink=self._append(self._metrics),
-                      log_sink=self._append(self._logs), publish_sink=self._publish)
+                      metrics_sink=self._append("_metrics"),
+                      log_sink=self._append("_logs"), publish_sink=self._publish)
     ctx.log(f"running on {host} (pid {os.getpid()})")
     load_entry_point(spec["entry_point"])(ctx, **spec["kwargs"])
     return "ok"
