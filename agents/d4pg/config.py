@@ -45,6 +45,7 @@ class D4PGConfig:
   clipping: bool = True
   max_gradient_norm: float = 40.0  # Per-network global norm clip when `clipping`.
   target_update_period: int = 100
+  jit_compile: bool = True  # XLA-compile the forward/backward pass of the update.
   # Replay.
   max_replay_size: int = 1_000_000
   min_replay_size: int = 1000

@@ -118,10 +118,14 @@ class D4PGLearner(core.Learner):
       self._critic_optimizer = replicator.wrap_optimizer(snt.optimizers.Adam(config.critic_lr))
       self._num_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_steps")
     self._copy_to_target()
+    self._create_optimizer_state()
 
     self._input_fn = input_fn
     self._iterator = iter(replicator.distribute(input_fn))
     self._train = tf.function(self._train_step)
+    # XLA fuses the many small ops of the forward/backward pass (most of the time of a
+    # small network's update is per-op overhead); state updates stay outside it.
+    self._compute = tf.function(self._loss_and_gradients, jit_compile=config.jit_compile)
     self._steps_since_publish = 0
 
     self._checkpoint = tf.train.Checkpoint(
@@ -137,23 +141,27 @@ class D4PGLearner(core.Learner):
   # ------------------------------------------------------------------ update
 
   def _copy_to_target(self) -> None:
-    """Target <- online, on every replica (used once at construction)."""
-    pairs = list(zip(self._online.all_variables(), self._target.all_variables()))
-
-    @tf.function
-    def copy():
-      self._repl.run(lambda: [t.assign(s) for s, t in pairs])
-
-    copy()
-
-  def _step_fn(self, batch: Transition) -> dict[str, tf.Tensor]:
-    """One replica's D4PG update (replica context)."""
-    config, online, target = self._config, self._online, self._target
-
-    if self._num_steps % config.target_update_period == 0:
-      for source, dest in zip(online.all_variables(), target.all_variables()):
+    """Target <- online (cross-replica assignment writes every replica's copy)."""
+    with self._repl.scope():
+      for source, dest in zip(self._online.all_variables(), self._target.all_variables()):
         dest.assign(source)
 
+  def _create_optimizer_state(self) -> None:
+    """Creates the Adam moments now rather than at the first update.
+
+    A checkpoint restored into a fresh learner must find every optimiser variable
+    (TensorFlow does not defer the restoration of Sonnet's lazily created slot lists).
+    """
+    for optimizer, params in ((self._critic_optimizer, self._online.critic_variables()),
+                              (self._policy_optimizer, self._online.policy_variables())):
+      # TODO(agents): use a public ReplicatedOptimizer hook once replication offers one.
+      create = getattr(optimizer, "create_state", None) or optimizer._create_state  # pylint: disable=protected-access
+      with self._repl.scope():
+        create(params)
+
+  def _loss_and_gradients(self, batch: Transition):
+    """Losses and gradients of one replica's batch (pure computation, no state changes)."""
+    config, online, target = self._config, self._online, self._target
     with tf.GradientTape(persistent=True) as tape:
       embedding = online.torso(batch.observation)
       next_embedding = tf.stop_gradient(target.torso(batch.next_observation))
@@ -168,19 +176,29 @@ class D4PGLearner(core.Learner):
       q_values = online.critic.mean(online.critic(policy_embedding, dpg_action))
       policy_loss = losses.dpg_loss(q_values)
 
-    critic_variables = online.critic_variables()
-    policy_variables = online.policy_variables()
-    critic_grads = tape.gradient(critic_loss, critic_variables)
-    policy_grads = tape.gradient(policy_loss, policy_variables)
+    critic_grads = tape.gradient(critic_loss, online.critic_variables())
+    policy_grads = tape.gradient(policy_loss, online.policy_variables())
     del tape
+    metrics = {"critic_loss": critic_loss, "policy_loss": policy_loss,
+               "q_mean": tf.reduce_mean(q_values)}
+    return critic_grads, policy_grads, metrics
+
+  def _step_fn(self, batch: Transition) -> dict[str, tf.Tensor]:
+    """One replica's D4PG update (replica context)."""
+    config, online, target = self._config, self._online, self._target
+
+    if self._num_steps % config.target_update_period == 0:
+      for source, dest in zip(online.all_variables(), target.all_variables()):
+        dest.assign(source)
+
+    critic_grads, policy_grads, metrics = self._compute(batch)
     if config.clipping:
       critic_grads = _clip_mean_gradient(critic_grads, config.max_gradient_norm)
       policy_grads = _clip_mean_gradient(policy_grads, config.max_gradient_norm)
-    self._critic_optimizer.apply(critic_grads, critic_variables)
-    self._policy_optimizer.apply(policy_grads, policy_variables)
+    self._critic_optimizer.apply(critic_grads, online.critic_variables())
+    self._policy_optimizer.apply(policy_grads, online.policy_variables())
     self._num_steps.assign_add(1)
-    return {"critic_loss": critic_loss, "policy_loss": policy_loss,
-            "q_mean": tf.reduce_mean(q_values)}
+    return metrics
 
   def _train_step(self, iterator) -> dict[str, tf.Tensor]:
     per_replica = self._repl.run(self._step_fn, next(iterator))
