@@ -1,0 +1,50 @@
+"""Numeric precision of a vision model: float32, or bfloat16 compute on float32 weights.
+
+`bfloat16` here means what the TF-Replicator paper and Keras' `mixed_bfloat16`
+policy mean by it:
+
+  * master weights, optimizer state, gradients and batch-norm statistics are
+    float32 (bfloat16 keeps only 8 bits of mantissa: small SGD updates to a
+    bfloat16 weight would round away);
+  * the forward pass casts the input images and each weight to bfloat16 where
+    it is used, so convolutions and matrix products run in bfloat16;
+  * batch-norm moments, the pooled features, the classifier head and the loss
+    are computed in float32.
+
+The cast's gradient casts back, so gradients arrive in float32 without any
+loss scaling (bfloat16 has float32's exponent range, unlike float16).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import tensorflow as tf
+
+PRECISIONS = ("float32", "bfloat16")
+
+
+def compute_dtype(precision: str) -> tf.DType:
+    """The dtype convolutions run in for `precision` ("float32" or "bfloat16").
+
+    Raises:
+      ValueError: unknown precision (the message lists the valid ones).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(
+            f"Unknown precision {precision!r}; use one of {', '.join(PRECISIONS)} "
+            "(bfloat16 = bfloat16 compute with float32 weights).")
+    return tf.bfloat16 if precision == "bfloat16" else tf.float32
+
+
+def check_float32(tensors: Iterable[tf.Tensor | tf.Variable], what: str) -> None:
+    """Raises TypeError unless every floating-point tensor in `tensors` is float32.
+
+    Used to guard the mixed-precision contract: variables, gradients and
+    optimizer state stay float32 whatever the compute dtype.
+    """
+    wrong = [getattr(t, "name", "?") for t in tensors
+             if t is not None and t.dtype.is_floating and t.dtype != tf.float32]
+    if wrong:
+        raise TypeError(f"{what} must be float32 under every precision; got others for: "
+                        f"{', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}")

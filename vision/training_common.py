@@ -1,0 +1,344 @@
+"""Run directories shared by the vision trainers: config, metrics, summaries, checkpoints.
+
+A run directory holds everything one training run writes, and rerunning with the
+same directory resumes it:
+
+    RUN/config.json          effective config of the run (written once, never rewritten)
+    RUN/invocations.jsonl    one line per start or resume: time, step, config overrides
+    RUN/metrics.csv          long format: step,name,value,wall_time (appended)
+    RUN/tensorboard/         tf.summary event files
+    RUN/checkpoints/         tf.train.CheckpointManager checkpoints (ckpt-<step>)
+    RUN/.lock                pid of the process training in RUN
+
+Typical use (the API is stable; `vision.classification` and the SN-GAN trainer
+both build on it)::
+
+    run = RunDir(path, config_dict, kind="resnet50", mutable=("steps",))
+    manager = run.checkpoint_manager(tf.train.Checkpoint(model=model, step=step))
+    start = run.restore(manager)                      # 0 on a fresh run
+    progress = Progress(total_steps, start, items_per_step=batch, unit="images")
+    with run:                                         # holds the lock, closes writers
+        ...
+        run.log(step, {"loss": 0.3}, prefix="train")
+        print(progress.line(step, {"loss": 0.3}))
+        manager.save(checkpoint_number=step)
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any, Collection, Mapping, TextIO
+
+import tensorflow as tf
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.csv"
+INVOCATIONS_FILE = "invocations.jsonl"
+LOCK_FILE = ".lock"
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be used as asked; the message says what to do."""
+
+
+def write_json_atomic(path: str, value: Any) -> None:
+    """Writes `value` as JSON to `path` via a temporary file and a rename."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as f:
+        json.dump(value, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(temporary, path)
+
+
+class RunDir:
+    """A training run's directory: created on the first run, resumed afterwards.
+
+    Args:
+      path: the run directory. It may not exist yet, or be empty, or be a run
+        directory of the same `kind`; anything else is refused so nothing
+        unrelated is overwritten.
+      config: the run's effective config (JSON-serialisable values).
+      kind: what trains here ("resnet50", "sngan", ...); a run directory of
+        another kind is refused.
+      mutable: config keys that may differ when resuming (e.g. "steps" to
+        train longer, "replicas" to move to other hardware). Any other
+        difference is an error naming the key, old and new value; a value of
+        None counts as "not specified" and takes the saved value.
+
+    Attributes:
+      path, kind, resumed (bool), config (dict: the saved config, updated with
+      the mutable keys of this invocation).
+
+    Raises:
+      RunDirError: see above.
+    """
+
+    def __init__(self, path: str, config: Mapping[str, Any], *, kind: str,
+                 mutable: Collection[str] = ()):
+        self.path = os.path.abspath(path)
+        self.kind = kind
+        config = json.loads(json.dumps(dict(config)))  # normalise tuples -> lists
+        config_path = os.path.join(self.path, CONFIG_FILE)
+        if os.path.exists(config_path):
+            with open(config_path) as f:
+                saved = json.load(f)
+            if saved.get("kind") != kind:
+                raise RunDirError(
+                    f"{self.path} is a run directory of kind {saved.get('kind')!r}, not "
+                    f"{kind!r}; choose another --run-dir.")
+            saved_config = saved.get("config", {})
+            # None means "not specified": the saved value stands.
+            config = {k: saved_config[k] if v is None and k in saved_config else v
+                      for k, v in config.items()}
+            differences = [
+                f"{key}: {saved_config.get(key)!r} in the run, {config.get(key)!r} now"
+                for key in sorted(set(saved_config) | set(config))
+                if key not in mutable and saved_config.get(key) != config.get(key)]
+            if differences:
+                raise RunDirError(
+                    f"{self.path} holds a run with a different config ("
+                    + "; ".join(differences) + "). Resume with the same settings, or use "
+                    "a new --run-dir for a new run.")
+            self.config = {**saved_config, **{k: config[k] for k in mutable if k in config}}
+            self.resumed = True
+        else:
+            if os.path.isdir(self.path) and os.listdir(self.path):
+                raise RunDirError(
+                    f"{self.path} exists, is not empty and holds no {CONFIG_FILE}: it is not "
+                    "a run directory. Choose a new or empty --run-dir.")
+            os.makedirs(self.path, exist_ok=True)
+            write_json_atomic(config_path, {"kind": kind, "config": config,
+                                            "created": _now()})
+            self.config = config
+            self.resumed = False
+        self._summary_writer = None
+        self._locked = False
+
+    # -------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "RunDir":
+        self.lock()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def lock(self) -> None:
+        """Marks the directory as in use; refuses if another live process holds it."""
+        lock_path = os.path.join(self.path, LOCK_FILE)
+        if os.path.exists(lock_path):
+            try:
+                with open(lock_path) as f:
+                    pid = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid() and _alive(pid):
+                raise RunDirError(
+                    f"{self.path} is in use by process {pid}; wait for it to finish or "
+                    "use another --run-dir.")
+        with open(lock_path, "w") as f:
+            f.write(str(os.getpid()))
+        self._locked = True
+
+    def close(self) -> None:
+        """Flushes summaries and releases the lock."""
+        if self._summary_writer is not None:
+            self._summary_writer.flush()
+            self._summary_writer.close()
+            self._summary_writer = None
+        if self._locked:
+            try:
+                os.remove(os.path.join(self.path, LOCK_FILE))
+            except FileNotFoundError:
+                pass
+            self._locked = False
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint_manager(self, checkpoint: tf.train.Checkpoint,
+                           max_to_keep: int = 3) -> tf.train.CheckpointManager:
+        """A CheckpointManager writing `checkpoint` to RUN/checkpoints."""
+        return tf.train.CheckpointManager(
+            checkpoint, os.path.join(self.path, "checkpoints"), max_to_keep=max_to_keep)
+
+    def restore(self, manager: tf.train.CheckpointManager) -> int:
+        """Restores the latest checkpoint, if any; returns its step (0 if none).
+
+        The step is the number in the checkpoint's name (save with
+        `manager.save(checkpoint_number=step)`). Every saved object must match
+        an object of `manager.checkpoint`, so a changed model fails loudly.
+        """
+        latest = manager.latest_checkpoint
+        if latest is None:
+            return 0
+        status = manager.checkpoint.restore(latest)
+        try:
+            status.assert_existing_objects_matched()
+        except AssertionError as error:
+            raise RunDirError(
+                f"Checkpoint {latest} does not match the model being trained ({error}). "
+                "Use a new --run-dir.") from None
+        return int(latest.rsplit("-", 1)[-1])
+
+    # ---------------------------------------------------------------- metrics
+    @property
+    def summary_writer(self) -> tf.summary.SummaryWriter:
+        if self._summary_writer is None:
+            self._summary_writer = tf.summary.create_file_writer(
+                os.path.join(self.path, "tensorboard"))
+        return self._summary_writer
+
+    def log(self, step: int, metrics: Mapping[str, float], prefix: str = "") -> None:
+        """Appends `metrics` at `step` to metrics.csv and TensorBoard ("prefix/name")."""
+        names = {f"{prefix}/{k}" if prefix else k: float(v) for k, v in metrics.items()}
+        path = os.path.join(self.path, METRICS_FILE)
+        new = not os.path.exists(path)
+        wall_time = time.time()
+        with open(path, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["step", "name", "value", "wall_time"])
+            for name, value in names.items():
+                writer.writerow([step, name, repr(value), f"{wall_time:.3f}"])
+        with self.summary_writer.as_default():
+            for name, value in names.items():
+                tf.summary.scalar(name, value, step=step)
+
+    def record_invocation(self, start_step: int, argv: list[str] | None = None) -> None:
+        """Appends who resumed or started the run, when, from which step."""
+        entry = {"time": _now(), "start_step": start_step, "resumed": self.resumed,
+                 "argv": list(sys.argv if argv is None else argv), "pid": os.getpid(),
+                 "config": self.config}
+        with open(os.path.join(self.path, INVOCATIONS_FILE), "a") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def is_run_dir(path: str) -> bool:
+    """Whether `path` already holds a run (a config.json written by `RunDir`)."""
+    return os.path.exists(os.path.join(path, CONFIG_FILE))
+
+
+def saved_config(path: str) -> dict | None:
+    """The config saved in run directory `path`, or None if it holds no run yet."""
+    config_path = os.path.join(path, CONFIG_FILE)
+    if not os.path.exists(config_path):
+        return None
+    with open(config_path) as f:
+        return json.load(f).get("config", {})
+
+
+def read_metrics(path: str) -> list[dict]:
+    """Rows of RUN/metrics.csv as dicts with int step and float value.
+
+    After a crash, steps logged after the last checkpoint are logged again on
+    resume; later rows supersede earlier ones for the same (step, name).
+    """
+    with open(os.path.join(path, METRICS_FILE), newline="") as f:
+        return [{"step": int(row["step"]), "name": row["name"], "value": float(row["value"]),
+                 "wall_time": float(row["wall_time"])} for row in csv.DictReader(f)]
+
+
+class GracefulStop:
+    """Turns the first SIGTERM/SIGINT into a request to stop at the next step boundary.
+
+    A trainer checks `requested` after each step and, if set, checkpoints and
+    returns, so a preempted or Ctrl-C'ed run loses no work. A second signal
+    behaves as usual (KeyboardInterrupt / termination). Outside the main thread
+    (where Python cannot install handlers) it does nothing.
+
+        with GracefulStop() as stop:
+            while step < steps and not stop.requested:
+                ...
+    """
+
+    _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self) -> "GracefulStop":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self._SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:  # second signal: give up on a clean stop
+            previous = self._previous.get(signum)
+            self.__exit__()
+            if callable(previous):
+                previous(signum, frame)
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"Received {signal.Signals(signum).name}: stopping after this step "
+              "(send it again to stop now).", file=sys.stderr, flush=True)
+
+
+class Progress:
+    """Formats progress lines with throughput: "step 120/1000 (12%)  245.3 images/s  loss 0.41".
+
+    Throughput is measured between consecutive calls of `line`, so call it at
+    the same points (e.g. every `log_every` steps) after the step's results are
+    fetched.
+    """
+
+    def __init__(self, total_steps: int, start_step: int, items_per_step: int,
+                 unit: str = "images", stream: TextIO | None = None):
+        self.total_steps = total_steps
+        self.items_per_step = items_per_step
+        self.unit = unit
+        self.stream = stream or sys.stdout
+        self._last_step = start_step
+        self._last_time = time.perf_counter()
+
+    def reset_clock(self, step: int) -> None:
+        """Restarts the throughput clock (e.g. after compiling or evaluating)."""
+        self._last_step, self._last_time = step, time.perf_counter()
+
+    def throughput(self, step: int) -> float:
+        """Items per second since the previous call (or `reset_clock`)."""
+        now = time.perf_counter()
+        rate = (step - self._last_step) * self.items_per_step / max(now - self._last_time, 1e-9)
+        self._last_step, self._last_time = step, now
+        return rate
+
+    def line(self, step: int, metrics: Mapping[str, float], rate: float | None = None) -> str:
+        """Returns and prints one progress line for `step`."""
+        rate = self.throughput(step) if rate is None else rate
+        percent = 100.0 * step / max(self.total_steps, 1)
+        parts = [f"step {step}/{self.total_steps} ({percent:3.0f}%)",
+                 f"{rate:8.1f} {self.unit}/s"]
+        parts += [f"{name} {_format(value)}" for name, value in metrics.items()]
+        text = "  ".join(parts)
+        print(text, file=self.stream, flush=True)
+        return text
+
+
+def _format(value: float) -> str:
+    value = float(value)
+    return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.3e}"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
