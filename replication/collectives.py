@@ -45,6 +45,24 @@ def _check_op(op: str) -> str:
     return op
 
 
+def _reduce_grouped(context: tf.distribute.ReplicaContext, reduce_op, value: Any) -> Any:
+    """All-reduces a nest, batching leaves that live in the same memory.
+
+    TensorFlow keeps int32 tensors in host memory and refuses to batch them with
+    device tensors in one all-reduce, so the two kinds go in separate batches.
+    """
+    leaves = tf.nest.flatten(value)
+    host = [i for i, leaf in enumerate(leaves) if leaf.dtype == tf.int32]
+    device = [i for i, leaf in enumerate(leaves) if leaf.dtype != tf.int32]
+    reduced = list(leaves)
+    for group in (host, device):
+        if group:
+            results = context.all_reduce(reduce_op, [leaves[i] for i in group])
+            for i, result in zip(group, results):
+                reduced[i] = result
+    return tf.nest.pack_sequence_as(value, reduced)
+
+
 def all_reduce(value: Any, op: str = "mean") -> Any:
     """Reduces `value` (a nest of tensors) across replicas; every replica gets the result.
 
@@ -61,7 +79,7 @@ def all_reduce(value: Any, op: str = "mean") -> Any:
                 x = tf.cast(x, tf.float32)
             return x
         value = tf.nest.map_structure(reduce_one, value)
-        return context.all_reduce(_REDUCE_OPS[op], value)
+        return _reduce_grouped(context, _REDUCE_OPS[op], value)
     # max/min: tf.distribute has no such ReduceOp; gather one slice per replica
     # and reduce locally. The gathered tensor is small (num_replicas x value).
     reducer = tf.reduce_max if op == "max" else tf.reduce_min
@@ -114,7 +132,7 @@ def broadcast(value: Any, source: int = 0) -> Any:
             return tf.cast(tf.logical_and(x, is_source), tf.int32)
         return tf.where(is_source, x, tf.zeros_like(x))
 
-    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.nest.map_structure(masked, value))
+    summed = _reduce_grouped(context, tf.distribute.ReduceOp.SUM, tf.nest.map_structure(masked, value))
     return tf.nest.map_structure(
         lambda original, result: tf.cast(result, tf.bool)
         if tf.convert_to_tensor(original).dtype == tf.bool

@@ -152,8 +152,12 @@ def _make_parameter_server(deployment: Deployment,
         if missing:
             raise ValueError(f"'ps' cluster needs at least one {' and one '.join(missing)} address.")
         spec = {job: list(addresses) for job, addresses in cluster.items()}
-        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+        if "chief" in spec:
+            resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+        else:  # the coordinator needs no server of its own
+            resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                tf.train.ClusterSpec(spec), rpc_layer="grpc")
     else:
         config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
         if not config.get("cluster"):

@@ -61,10 +61,7 @@ class Replicator:
         self.deployment = deployment
         self.coordinator = coordinator
         # Maps each replica's primary device to all devices of that replica.
-        self._device_groups = {
-            tf.DeviceSpec.from_string(group[0]).to_string(): list(group)
-            for group in (device_groups or [])
-        }
+        self._device_groups = {_device_key(group[0]): list(group) for group in (device_groups or [])}
         variables.register_scope(strategy, self.scope)
 
     # ----------------------------------------------------------------- basics
@@ -199,10 +196,15 @@ class Replicator:
                 f"{self.deployment.spec!r} spans {self.devices_per_replica} device(s). "
                 "Use a spec such as 'cpu:2x2' for replicas that span several devices."
             )
-        primary = tf.DeviceSpec.from_string(context.devices[0]).to_string()
-        group = self._device_groups.get(primary)
+        group = self._device_groups.get(_device_key(tf.nest.flatten(context.devices)[0]))
         if group is None:
             yield
             return
         with tf.device(group[index]):
             yield
+
+
+def _device_key(name: str) -> tuple[str, int]:
+    """Identifies a local device whatever the spelling ("/cpu:1", "/job:localhost/.../CPU:1")."""
+    spec = tf.DeviceSpec.from_string(name)
+    return (spec.device_type or "").upper(), spec.device_index or 0
