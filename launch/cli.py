@@ -194,6 +194,9 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
     raise LaunchError("--replay-port must be between 0 and 65535.")
   if args.ray_address and args.backend != "ray":
     raise LaunchError("--ray-address only applies to --backend ray.")
+  if args.backend == "ray":
+    from launch.ray_backend import import_ray  # pylint: disable=import-outside-toplevel
+    import_ray()  # Fail fast, before the heavier checks, if Ray is missing.
 
   run_dir = RunDir(args.run_dir) if args.run_dir else None
   saved = run_dir.read_identity() if run_dir else None
@@ -245,6 +248,11 @@ def _launch_d4pg(args) -> int:
   created = not os.path.exists(run_dir.root)
   run_dir.lock()
   try:
+    done = Progress(run_dir, "d4pg").totals["actor_steps"] if resuming else 0
+    if done >= args.steps:
+      print(f"The run in {run_dir.root} already has {int(done):,} actor steps (budget "
+            f"{args.steps:,}); pass a larger --steps to train further.")
+      return 0
     try:
       backend = launcher.make_backend(args.backend, run_dir, program,
                                       ray_address=args.ray_address, bind_host=args.bind_host)
@@ -254,12 +262,6 @@ def _launch_d4pg(args) -> int:
         shutil.rmtree(run_dir.root, ignore_errors=True)
       raise
     run_dir.write_identity(identity)
-    done = Progress(run_dir, "d4pg").totals["actor_steps"]
-    if done >= args.steps:
-      backend.close()
-      print(f"The run in {run_dir.root} already has {int(done):,} actor steps (budget "
-            f"{args.steps:,}); pass a larger --steps to train further.")
-      return 0
     print(f"{'Resuming' if resuming else 'Starting'} distributed D4PG on {settings.task}: "
           f"{settings.num_actors} actor(s), learner {settings.learner_replicas}, backend "
           f"{args.backend}, budget {args.steps:,} actor steps"
@@ -339,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except KeyboardInterrupt:
     print(f"{_PROG}: interrupted", file=sys.stderr)
     return 130
+  except SystemExit as e:  # argparse: --help (0) and usage errors (2).
+    return e.code if isinstance(e.code, int) else 0
   return int(code or 0)
 
 

@@ -29,7 +29,7 @@ from launch.run_dir import RunDir
 from launch.supervisor import Exit
 
 
-def _import_ray():
+def import_ray():
   try:
     import ray  # pylint: disable=import-outside-toplevel
   except ImportError:
@@ -207,7 +207,7 @@ class RayBackend:
     if address is None and advertise_host is not None:
       # Keep a private instance on loopback (Ray would otherwise use the machine's IP).
       os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray = _import_ray()
+    ray = import_ray()
     self._ray = ray
     self._run_dir = run_dir
     self._advertise_host = advertise_host
