@@ -195,8 +195,11 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
   if args.ray_address and args.backend != "ray":
     raise LaunchError("--ray-address only applies to --backend ray.")
   if args.backend == "ray":
+    from launch.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
     from launch.ray_backend import import_ray  # pylint: disable=import-outside-toplevel
-    import_ray()  # Fail fast, before the heavier checks, if Ray is missing.
+    # Fail fast, before the heavier checks, if Ray is missing.
+    import_ray(loopback=args.ray_address is None and
+               advertise_host_for(args.bind_host) is not None)
 
   run_dir = RunDir(args.run_dir) if args.run_dir else None
   saved = run_dir.read_identity() if run_dir else None

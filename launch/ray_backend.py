@@ -29,7 +29,15 @@ from launch.run_dir import RunDir
 from launch.supervisor import Exit
 
 
-def import_ray():
+def import_ray(loopback: bool = False):
+  """Imports Ray; `loopback` keeps a private local instance on 127.0.0.1.
+
+  Ray reads that setting when it is imported, so this must be the first `import ray`.
+  """
+  os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+  if loopback:
+    # Ray would otherwise pick the machine's IP for a local instance.
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
   try:
     import ray  # pylint: disable=import-outside-toplevel
   except ImportError:
@@ -203,11 +211,7 @@ class RayBackend:
 
   def __init__(self, run_dir: RunDir, program: Program, *, address: str | None = None,
                advertise_host: str | None = "127.0.0.1"):
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address is None and advertise_host is not None:
-      # Keep a private instance on loopback (Ray would otherwise use the machine's IP).
-      os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    ray = import_ray()
+    ray = import_ray(loopback=address is None and advertise_host is not None)
     self._ray = ray
     self._run_dir = run_dir
     self._advertise_host = advertise_host
