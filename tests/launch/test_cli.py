@@ -168,3 +168,17 @@ def test_evaluate_and_plot_need_a_run(tmp_path, capsys):
 def test_list_tasks(capsys):
   assert cli.main(["list-tasks"]) == 0
   assert "cartpole:swingup" in capsys.readouterr().out.split()
+
+
+def test_train_subcommands_come_from_vision(capsys):
+  import importlib.util
+  have = [m for m in ("vision.resnet_cli", "vision.sngan_cli")
+          if importlib.util.find_spec(m) is not None]
+  code = cli.main(["train", "--help"])
+  captured = capsys.readouterr()
+  if have:
+    assert code == 0
+    for name, module in (("resnet50", "vision.resnet_cli"), ("sngan", "vision.sngan_cli")):
+      assert (name in captured.out) == (module in have)
+  else:
+    assert code == 2 and "needs the vision trainers" in captured.err
