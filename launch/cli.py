@@ -52,9 +52,9 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
       "d4pg", help="distributed D4PG: replay, learner, actors, evaluator",
       allow_abbrev=False,
       description="Distributed D4PG. Every hyperparameter can be set with "
-                  "--config.KEY=VALUE (e.g. --config.batch_size=256); run "
-                  "`replicator launch d4pg --config.help=1` for the list. Relaunching "
-                  "with the same --run-dir resumes the run.")
+                  "--config.KEY=VALUE (e.g. --config.batch_size=256); "
+                  "--show-config prints them all. Relaunching with the same --run-dir "
+                  "resumes the run.")
   d4pg.add_argument("--env", default=None,
                     help=f"dm-control task (default: {defaults.task}, or the run's own "
                          "when resuming)")
@@ -75,6 +75,8 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
                     help="base hyperparameters: 'quick' (small networks, learns in minutes "
                          "on a laptop) or 'paper' (the published D4PG settings); "
                          "default: quick for a new run, the run's own when resuming")
+  d4pg.add_argument("--show-config", action="store_true",
+                    help="print the effective config as --config flags and exit")
   d4pg.add_argument("--ray-address", default=None, metavar="HOST:PORT",
                     help="Ray cluster to join (backend ray); default: a private local "
                          "Ray instance")
@@ -149,6 +151,10 @@ def _split_config_flags(extra: list[str]) -> tuple[dict[str, str], list[str]]:
   return overrides, rest
 
 
+def _flag_value(value) -> str:
+  return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
 def _default_run_dir(task: str) -> str:
   stamp = time.strftime("%Y%m%d-%H%M%S")
   return os.path.join("runs", f"d4pg-{task.replace(':', '-')}-{stamp}")
@@ -180,10 +186,6 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
   from launch import d4pg_program  # pylint: disable=import-outside-toplevel
   from launch.run_dir import RunDir  # pylint: disable=import-outside-toplevel
   from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
-  if "help" in overrides:
-    keys = D4PGConfig().to_dict()
-    raise LaunchError("D4PG config keys (defaults of the 'paper' preset):\n" + "\n".join(
-        f"  --config.{k}={v}" for k, v in sorted(keys.items())), exit_code=0)
   if args.actors < 1:
     raise LaunchError("--actors must be at least 1.")
   if args.steps < 1:
@@ -213,6 +215,9 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
   except ValueError as e:
     raise LaunchError(f"{e}. Set keys as --config.KEY=VALUE.") from None
 
+  if args.show_config:
+    raise LaunchError("\n".join(f"--config.{k}={_flag_value(v)}"
+                                for k, v in sorted(config.to_dict().items())), exit_code=0)
   task = args.env or (saved or {}).get("task") or d4pg_program.D4PGProgramSettings().task
   import environments  # pylint: disable=import-outside-toplevel
   try:

@@ -29,7 +29,7 @@ _NODES = "launch.d4pg_nodes"
 # Config keys that may change when a run is resumed (they do not shape checkpoints).
 RESUMABLE_CONFIG_KEYS = frozenset({
     "sigma", "variable_update_period", "publish_period", "prefetch_size",
-    "max_in_flight_samples_per_worker", "seed",
+    "max_in_flight_samples_per_worker", "seed", "jit_compile",
 })
 
 

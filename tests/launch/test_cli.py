@@ -182,3 +182,11 @@ def test_train_subcommands_come_from_vision(capsys):
       assert (name in captured.out) == (module in have)
   else:
     assert code == 2 and "needs the vision trainers" in captured.err
+
+
+def test_show_config_prints_effective_flags(capsys):
+  assert cli.main(["launch", "d4pg", "--show-config", "--config.sigma=0.2"]) == 0
+  lines = capsys.readouterr().out.split()
+  assert "--config.sigma=0.2" in lines and "--config.policy_layers=64,64" in lines
+  assert cli.main(["launch", "d4pg", "--preset", "paper", "--show-config"]) == 0
+  assert "--config.policy_layers=256,256,256" in capsys.readouterr().out.split()
