@@ -51,6 +51,8 @@ class D4PGActor(core.Actor):
     self._adder = adder
     self._sigma = np.float32(sigma)
     self._rng = np.random.default_rng(seed)
+    self._noise = np.empty((0,) + self._shape, np.float32)
+    self._noise_index = 0
 
   @property
   def weights_version(self) -> int:
@@ -62,9 +64,19 @@ class D4PGActor(core.Actor):
       self.update(wait=True)
     action = self._policy(observation)
     if self._sigma > 0:
-      action = action + self._sigma * self._rng.standard_normal(self._shape, np.float32)
-      action = np.clip(action, self._low, self._high)
+      action += self._next_noise()
+      np.minimum(action, self._high, out=action)
+      np.maximum(action, self._low, out=action)
     return action
+
+  def _next_noise(self) -> np.ndarray:
+    # Drawn in blocks: one generator call per step would cost more than the rest of
+    # the noise handling (the same N(0, sigma^2) samples, in the same order).
+    if self._noise_index == len(self._noise):
+      self._noise = self._sigma * self._rng.standard_normal((1024,) + self._shape, np.float32)
+      self._noise_index = 0
+    self._noise_index += 1
+    return self._noise[self._noise_index - 1]
 
   def observe_first(self, timestep: dm_env.TimeStep) -> None:
     if self._adder is not None:
