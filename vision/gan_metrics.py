@@ -1,0 +1,162 @@
+"""GAN metrics from a classifier the user supplies: Inception Score and Frechet distance (FID).
+
+Nothing is downloaded. The classifier is a SavedModel directory (see `save_classifier`) with
+
+- `classify(images)`: `images` float32 `[N, H, W, C]` in [-1, 1] -> `{"features": [N, F],
+  "logits": [N, K]}`; features are the penultimate layer (FID), logits the class scores (IS);
+- `image_size`, `channels`: the `H`(=`W`) and `C` it expects. Images of another size are resized
+  (bilinear), grey images are tiled to RGB and RGB images averaged to grey as needed.
+
+`vision/digits_classifier.py` trains and saves one for the digits data; for ImageNet wrap your
+own network (e.g. an Inception-v3 you have weights for) with `save_classifier`.
+
+Definitions, with p(y|x) = softmax(logits) and p(y) its mean over the samples of a split:
+
+    IS  = exp(E_x[KL(p(y|x) || p(y))])                       1 <= IS <= K
+    FID = |mu_1 - mu_2|^2 + tr(S_1 + S_2 - 2 (S_1 S_2)^(1/2))   for features ~ (mu_i, S_i)
+"""
+import warnings
+from typing import Callable, Dict, Optional, Tuple
+
+import numpy as np
+import scipy.linalg
+import scipy.special
+import tensorflow as tf
+
+
+class ClassifierExportError(ValueError):
+    """A classifier directory that is missing or does not follow the contract above."""
+
+
+def save_classifier(path: str, fn: Callable[[tf.Tensor], Tuple[tf.Tensor, tf.Tensor]],
+                    image_size: int, channels: int, module: tf.Module = None) -> None:
+    """Saves `fn(images) -> (features, logits)` as a classifier directory the metrics can load.
+
+    Args:
+        path: output directory.
+        fn: maps float32 images `[N, image_size, image_size, channels]` in [-1, 1] to penultimate
+            features `[N, F]` and logits `[N, K]`.
+        image_size, channels: the input `fn` expects.
+        module: the tf.Module owning `fn`'s variables (so they are saved with it).
+    """
+    root = tf.Module()
+    root.network = module
+    root.image_size = tf.Variable(image_size, trainable=False, dtype=tf.int32)
+    root.channels = tf.Variable(channels, trainable=False, dtype=tf.int32)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, image_size, image_size, channels],
+                                                tf.float32)])
+    def classify(images):
+        features, logits = fn(images)
+        return {"features": features, "logits": logits}
+
+    root.classify = classify
+    tf.saved_model.save(root, path)
+
+
+class Classifier:
+    """A loaded classifier directory: `classifier(images) -> (features, logits)` as numpy."""
+
+    def __init__(self, path: str):
+        try:
+            self._model = tf.saved_model.load(path)
+        except (OSError, IOError, ValueError) as e:
+            raise ClassifierExportError(
+                f"cannot load a classifier from {path!r} ({e.__class__.__name__}: {e}). Pass a "
+                "directory written by vision.gan_metrics.save_classifier, e.g. by "
+                "`python -m vision.digits_classifier --out DIR`.") from e
+        for attr in ("classify", "image_size", "channels"):
+            if not hasattr(self._model, attr):
+                raise ClassifierExportError(
+                    f"{path!r} is a SavedModel but has no `{attr}`; save it with "
+                    "vision.gan_metrics.save_classifier.")
+        self.image_size = int(self._model.image_size.numpy())
+        self.channels = int(self._model.channels.numpy())
+
+    def _prepare(self, images: tf.Tensor) -> tf.Tensor:
+        images = tf.convert_to_tensor(images, tf.float32)
+        if images.shape[1] != self.image_size or images.shape[2] != self.image_size:
+            images = tf.image.resize(images, [self.image_size, self.image_size], "bilinear")
+        c = images.shape[-1]
+        if c != self.channels:
+            if c == 1:
+                images = tf.tile(images, [1, 1, 1, self.channels])
+            elif self.channels == 1:
+                images = tf.reduce_mean(images, axis=-1, keepdims=True)
+            else:
+                raise ValueError(f"cannot feed {c}-channel images to a {self.channels}-channel "
+                                 "classifier")
+        return images
+
+    def __call__(self, images, batch_size: int = 500) -> Tuple[np.ndarray, np.ndarray]:
+        """Features and logits of `images` `[N, H, W, C]` in [-1, 1], in batches."""
+        features, logits = [], []
+        for start in range(0, len(images), batch_size):
+            out = self._model.classify(self._prepare(images[start:start + batch_size]))
+            features.append(out["features"].numpy())
+            logits.append(out["logits"].numpy())
+        return np.concatenate(features), np.concatenate(logits)
+
+
+def inception_score(logits: np.ndarray, splits: int = 1) -> Tuple[float, float]:
+    """Inception Score of the samples whose class logits are `logits` `[N, K]`.
+
+    Returns:
+        (mean, std) of the score over `splits` equal parts of the samples.
+    """
+    logits = np.asarray(logits, np.float64)
+    log_p = logits - scipy.special.logsumexp(logits, axis=1, keepdims=True)
+    scores = []
+    for part in np.array_split(log_p, splits):
+        log_py = scipy.special.logsumexp(part, axis=0) - np.log(len(part))
+        kl = np.sum(np.exp(part) * (part - log_py), axis=1)
+        scores.append(float(np.exp(np.mean(kl))))
+    return float(np.mean(scores)), float(np.std(scores))
+
+
+def gaussian_statistics(features: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Mean `[F]` and covariance `[F, F]` (unbiased) of `features` `[N, F]`."""
+    features = np.asarray(features, np.float64)
+    return features.mean(axis=0), np.cov(features, rowvar=False)
+
+
+def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray,
+                     sigma2: np.ndarray) -> float:
+    """Frechet distance between N(mu1, sigma1) and N(mu2, sigma2)."""
+    mu1, mu2 = np.atleast_1d(mu1).astype(np.float64), np.atleast_1d(mu2).astype(np.float64)
+    sigma1 = np.atleast_2d(sigma1).astype(np.float64)
+    sigma2 = np.atleast_2d(sigma2).astype(np.float64)
+    with warnings.catch_warnings():  # singular products are handled below
+        warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
+        covmean, _ = scipy.linalg.sqrtm(sigma1 @ sigma2, disp=False)
+    if not np.all(np.isfinite(covmean)):
+        # Singular product (fewer samples than features): regularise, as is customary.
+        offset = np.eye(len(mu1)) * 1e-6
+        covmean = scipy.linalg.sqrtm((sigma1 + offset) @ (sigma2 + offset))
+    covmean = np.real(covmean)  # imaginary parts are numerical noise
+    diff = mu1 - mu2
+    return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * np.trace(covmean))
+
+
+def fid_from_features(features1: np.ndarray, features2: np.ndarray) -> float:
+    """FID between two sets of classifier features `[N1, F]`, `[N2, F]`."""
+    return frechet_distance(*gaussian_statistics(features1), *gaussian_statistics(features2))
+
+
+def evaluate(classifier: Classifier, images: np.ndarray, labels: Optional[np.ndarray] = None,
+             reference_statistics: Optional[Tuple[np.ndarray, np.ndarray]] = None,
+             splits: int = 1) -> Dict[str, float]:
+    """Metrics of generated `images`.
+
+    Returns:
+        "inception_score"; "fid" against `reference_statistics` = (mu, sigma) of real features,
+        if given; "class_accuracy", the fraction the classifier labels as their conditioning
+        class `labels`, if given.
+    """
+    features, logits = classifier(images)
+    results = {"inception_score": inception_score(logits, splits)[0]}
+    if reference_statistics is not None:
+        results["fid"] = frechet_distance(*gaussian_statistics(features), *reference_statistics)
+    if labels is not None:
+        results["class_accuracy"] = float(np.mean(np.argmax(logits, 1) == np.asarray(labels)))
+    return results

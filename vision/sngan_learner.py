@@ -1,0 +1,247 @@
+"""Class-conditional SN-GAN training: hinge losses, the D and G step functions, generator EMA.
+
+The computation of one replica is written once (`disc_step`, `gen_step`) and handed to a
+`replication.Replicator`; switching its spec (cpu, cpu:N, gpu, multiworker) changes nothing else.
+N replicas with per-replica batch B make the same update as one replica with batch N*B:
+
+- gradients are mean-all-reduced by the wrapped optimisers, and every loss is a per-replica mean;
+- the generator's batch norms use cross-replica statistics;
+- the spectral-norm power-iteration vectors are identical on all replicas;
+- latents and fake labels are drawn for the *global* batch from a stateless seed (config seed,
+  generator step, D/G sub-step), and each replica takes its slice, so the noise does not depend
+  on the replica count.
+
+Losses (hinge, Lim & Ye 2017; Miyato et al. 2018), with `D` the projection discriminator:
+
+    L_D = E_x[max(0, 1 - D(x, y))] + E_z[max(0, 1 + D(G(z, y'), y'))]
+    L_G = -E_z[D(G(z, y'), y')]
+
+One training step = `disc_steps` discriminator updates (each on a fresh real batch) followed by
+one generator update. After each generator update the EMA generator follows
+
+    w_ema <- decay * w_ema + (1 - decay) * w    (w_ema <- w before `ema_start` steps)
+
+and it is the EMA generator that is sampled and evaluated.
+"""
+import dataclasses
+from typing import Dict, Iterator, Tuple
+
+import sonnet as snt
+import tensorflow as tf
+
+import replication
+from vision import sngan
+
+
+@dataclasses.dataclass
+class SNGANConfig:
+    """Model and optimisation hyperparameters (the data decides `num_classes`/`channels`)."""
+    num_classes: int = 10
+    image_size: int = 32
+    channels: int = 3
+    latent_dim: int = 128
+    g_base_channels: int = 64
+    d_base_channels: int = 64
+    global_batch_size: int = 64
+    disc_steps: int = 2
+    g_learning_rate: float = 2e-4
+    d_learning_rate: float = 2e-4
+    beta1: float = 0.0
+    beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    ema_decay: float = 0.999
+    ema_start: int = 1000
+    bn_decay: float = 0.999
+    seed: int = 0
+
+    def validate(self) -> None:
+        """Raises ValueError with what to change if the configuration cannot run."""
+        sngan.check_image_size(self.image_size)
+        for name in ("num_classes", "channels", "latent_dim", "g_base_channels",
+                     "d_base_channels", "global_batch_size", "disc_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+
+
+def discriminator_hinge_loss(real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:
+    """`mean(relu(1 - D(real))) + mean(relu(1 + D(fake)))`."""
+    return (tf.reduce_mean(tf.nn.relu(1.0 - real_logits)) +
+            tf.reduce_mean(tf.nn.relu(1.0 + fake_logits)))
+
+
+def generator_hinge_loss(fake_logits: tf.Tensor) -> tf.Tensor:
+    """`-mean(D(fake))`."""
+    return -tf.reduce_mean(fake_logits)
+
+
+def update_ema(ema_module: snt.Module, module: snt.Module, decay: tf.Tensor) -> None:
+    """`ema <- decay * ema + (1 - decay) * value` for every float variable of `module`
+    (weights and batch-norm statistics alike); other variables (counters) are copied."""
+    pairs = list(zip(ema_module.variables, module.variables))
+    for ema_var, var in pairs:
+        if ema_var.shape != var.shape:
+            raise ValueError(f"EMA variable {ema_var.name} {ema_var.shape} does not match "
+                             f"{var.name} {var.shape}")
+        if var.dtype.is_floating:
+            d = tf.cast(decay, var.dtype)
+            ema_var.assign(d * ema_var + (1.0 - d) * var)
+        else:
+            ema_var.assign(var)
+
+
+class SNGANLearner(snt.Module):
+    """Owns the networks, optimisers, EMA generator and step counter; runs the replicated steps.
+
+    Everything a restart needs is an attribute, so `tf.train.Checkpoint(learner=learner)`
+    saves and restores it exactly.
+
+    Example:
+        >>> repl = replication.make("cpu:2")
+        >>> learner = SNGANLearner(SNGANConfig(image_size=16, channels=1), repl)
+        >>> data = repl.distribute(input_fn)   # per-replica batches {"image", "label"}
+        >>> metrics = learner.train_step(iter(data))
+    """
+
+    def __init__(self, config: SNGANConfig, replicator, name: str = "sngan"):
+        super().__init__(name=name)
+        config.validate()
+        self.config = config
+        self._repl = replicator
+        self.per_replica_batch_size = replicator.per_replica_batch_size(config.global_batch_size)
+        c = config
+        with replicator.scope():
+            def generator(name):
+                return sngan.Generator(c.num_classes, c.image_size, c.channels, c.g_base_channels,
+                                       c.latent_dim, c.bn_decay, name=name)
+            self.generator = generator("generator")
+            self.generator_ema = generator("generator_ema")
+            self.discriminator = sngan.Discriminator(c.num_classes, c.image_size,
+                                                     c.d_base_channels)
+
+            def adam(learning_rate):
+                return replicator.wrap_optimizer(snt.optimizers.Adam(
+                    learning_rate, beta1=c.beta1, beta2=c.beta2, epsilon=c.adam_epsilon))
+            self.g_optimizer = adam(c.g_learning_rate)
+            self.d_optimizer = adam(c.d_learning_rate)
+            # Number of generator updates done; also indexes the noise seeds.
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self._build()
+        # No data-dependent Python control flow in the steps: skip AutoGraph's conversion cost.
+        self._disc_fn = tf.function(self._disc_step_impl, autograph=False)
+        self._gen_fn = tf.function(self._gen_step_impl, autograph=False)
+        self._generate = tf.function(self._generate_impl, autograph=False)
+
+    # ------------------------------------------------------------------ per-replica computation
+
+    def _noise(self, local_batch: int, sub_step) -> Tuple[tf.Tensor, tf.Tensor]:
+        """This replica's slice of the global batch of latents and fake labels."""
+        c = self.config
+        n = replication.num_replicas()
+        counter = tf.cast(self.step, tf.int64) * (c.disc_steps + 1) + tf.cast(sub_step, tf.int64)
+        z_seed = tf.stack([tf.constant(c.seed, tf.int64), 2 * counter])
+        y_seed = tf.stack([tf.constant(c.seed, tf.int64), 2 * counter + 1])
+        z = tf.random.stateless_normal([local_batch * n, c.latent_dim], z_seed)
+        y = tf.random.stateless_uniform([local_batch * n], y_seed, maxval=c.num_classes,
+                                        dtype=tf.int32)
+        start = tf.cast(replication.replica_id(), tf.int32) * local_batch
+        return z[start:start + local_batch], y[start:start + local_batch]
+
+    def disc_step(self, batch: Dict[str, tf.Tensor], sub_step: tf.Tensor) -> Dict[str, tf.Tensor]:
+        """One discriminator update on this replica's real `batch` {"image", "label"}."""
+        images, labels = batch["image"], tf.cast(batch["label"], tf.int32)
+        local_batch = self.per_replica_batch_size
+        z, fake_labels = self._noise(local_batch, sub_step)
+        fakes = self.generator(z, fake_labels, is_training=True)
+        d_vars = self.discriminator.trainable_variables
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(d_vars)
+            # One call on real+fake advances the spectral-norm power iteration once per step.
+            logits = self.discriminator(tf.concat([images, fakes], 0),
+                                        tf.concat([labels, fake_labels], 0), is_training=True)
+            real_logits, fake_logits = logits[:local_batch], logits[local_batch:]
+            loss = discriminator_hinge_loss(real_logits, fake_logits)
+        self.d_optimizer.apply(tape.gradient(loss, d_vars), d_vars)
+        return {"d_loss": loss, "d_real": tf.reduce_mean(real_logits),
+                "d_fake": tf.reduce_mean(fake_logits)}
+
+    def gen_step(self) -> Dict[str, tf.Tensor]:
+        """One generator update, then the EMA update."""
+        c = self.config
+        z, labels = self._noise(self.per_replica_batch_size, c.disc_steps)
+        g_vars = self.generator.trainable_variables
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(g_vars)
+            fakes = self.generator(z, labels, is_training=True)
+            loss = generator_hinge_loss(self.discriminator(fakes, labels, is_training=False))
+        self.g_optimizer.apply(tape.gradient(loss, g_vars), g_vars)
+        decay = tf.where(self.step + 1 > c.ema_start, c.ema_decay, 0.0)
+        update_ema(self.generator_ema, self.generator, decay)
+        return {"g_loss": loss}
+
+    # ------------------------------------------------------------------ cross-replica driving
+
+    def _build(self) -> None:
+        """Creates every variable (so a checkpoint can be restored before the first step) and
+        starts the EMA generator equal to the generator."""
+        c = self.config
+        b = 2
+
+        def build():
+            z = tf.zeros([b, c.latent_dim])
+            y = tf.zeros([b], tf.int32)
+            self.generator(z, y, is_training=False)
+            self.generator_ema(z, y, is_training=False)
+            self.discriminator(tf.zeros([b, c.image_size, c.image_size, c.channels]), y,
+                               is_training=False)
+            update_ema(self.generator_ema, self.generator, tf.constant(0.0))
+            return tf.constant(0)
+
+        self._repl.run(build)
+
+    def _disc_step_impl(self, iterator: Iterator, sub_step: tf.Tensor) -> Dict[str, tf.Tensor]:
+        metrics = self._repl.run(self.disc_step, next(iterator), sub_step)
+        return self._repl.reduce(metrics, "mean")
+
+    def _gen_step_impl(self) -> Dict[str, tf.Tensor]:
+        metrics = self._repl.run(self.gen_step)
+        self.step.assign_add(1)
+        return self._repl.reduce(metrics, "mean")
+
+    def train_step(self, iterator: Iterator) -> Dict[str, tf.Tensor]:
+        """Runs `disc_steps` D updates (one distributed batch each) and one G update.
+
+        The D and G updates are separate tf.functions, each traced once whatever `disc_steps`.
+
+        Args:
+            iterator: iterator over `repl.distribute(...)` with per-replica batches of
+                `per_replica_batch_size` {"image": [B, S, S, C] in [-1, 1], "label": [B]}.
+
+        Returns:
+            Scalars averaged over replicas: d_loss, d_real, d_fake (means over the D updates),
+            g_loss.
+        """
+        d_metrics = [self._disc_fn(iterator, tf.constant(k, tf.int64))
+                     for k in range(self.config.disc_steps)]
+        metrics = {key: tf.add_n([m[key] for m in d_metrics]) / len(d_metrics)
+                   for key in d_metrics[0]}
+        metrics.update(self._gen_fn())
+        return metrics
+
+    def _generate_impl(self, z, labels, use_ema):
+        generator = self.generator_ema if use_ema else self.generator
+        return generator(z, labels, is_training=False)
+
+    def generate(self, z: tf.Tensor, labels: tf.Tensor, use_ema: bool = True) -> tf.Tensor:
+        """Images `[N, S, S, C]` in [-1, 1] from latents and labels (moving BN statistics).
+
+        Call outside `repl.scope()`; the variables are read on this host."""
+        return self._generate(tf.convert_to_tensor(z, tf.float32),
+                              tf.convert_to_tensor(labels, tf.int32), use_ema)
+
+    def sample(self, labels, seed: int = 0, use_ema: bool = True) -> tf.Tensor:
+        """Images for `labels` with latents from a fixed `seed`."""
+        labels = tf.convert_to_tensor(labels, tf.int32)
+        z = tf.random.stateless_normal([tf.shape(labels)[0], self.config.latent_dim], [seed, 0])
+        return self.generate(z, labels, use_ema)
