@@ -42,8 +42,14 @@ class BatchNorm(replication.CrossReplicaBatchNorm):
     def __init__(self, decay_rate: float = 0.9, eps: float = 1e-5,
                  scale_init: snt.initializers.Initializer | None = None,
                  name: str | None = None):
-        super().__init__(create_scale=True, create_offset=True, eps=eps,
-                         scale_init=scale_init, decay_rate=decay_rate, name=name)
+        # Moving averages made inside this module's name scope, as snt.BatchNorm
+        # does, so their variables are named ".../bn_0/moving_mean/..." per layer.
+        with tf.name_scope(name or "batch_norm"):
+            moving_mean = snt.ExponentialMovingAverage(decay_rate, name="moving_mean")
+            moving_variance = snt.ExponentialMovingAverage(decay_rate, name="moving_variance")
+        super().__init__(create_scale=True, create_offset=True, moving_mean=moving_mean,
+                         moving_variance=moving_variance, eps=eps, scale_init=scale_init,
+                         name=name)
 
     def __call__(self, inputs: tf.Tensor, is_training: bool) -> tf.Tensor:  # pytype: disable=signature-mismatch
         channels = int(inputs.shape[-1])
