@@ -191,7 +191,12 @@ class Supervisor:
     kwargs = resolve_refs(state.node.kwargs, self._published)
     state.attempt += 1
     state.started_at = time.monotonic()
-    state.handle = self._backend.start(state.node, kwargs, state.attempt)
+    try:
+      state.handle = self._backend.start(state.node, kwargs, state.attempt)
+    except Exception as e:  # pylint: disable=broad-except
+      # The backend could not start it (e.g. no resources): a failure like any other.
+      self._on_failure(state, Exit(False, f"could not start: {type(e).__name__}: {e}"),
+                       hint="")
 
   def _check(self, state: _State) -> None:
     exit_ = state.handle.poll()
@@ -202,13 +207,16 @@ class Supervisor:
       return
     state.handle.drain()
     self._published.update(state.handle.published())
-    name, policy = state.node.name, state.node.restart
     if exit_.ok:
-      self._echo(f"[launch] {name} finished")
+      self._echo(f"[launch] {state.node.name} finished")
       state.done, state.handle = True, None
       return
     hint = state.handle.log_hint()
     state.handle = None
+    self._on_failure(state, exit_, hint)
+
+  def _on_failure(self, state: _State, exit_: Exit, hint: str) -> None:
+    name, policy = state.node.name, state.node.restart
     state.consecutive_failures += 1
     if not policy.restart or state.consecutive_failures > policy.max_consecutive_failures:
       why = ("it is not restartable" if not policy.restart else
