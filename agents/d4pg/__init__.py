@@ -9,7 +9,8 @@ transport), `learning` (the replicated update), `acting` (actor/evaluator), `bui
 from agents.d4pg.acting import D4PGActor
 from agents.d4pg.builder import make_actor, make_environment, make_evaluator, make_learner
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.learning import D4PGLearner, Transition
+from agents.d4pg.learning import D4PGLearner, ReplayTimeoutError, Transition
+from agents.d4pg.local_runner import RunResults, run_single_process
 from agents.d4pg.replay import PARAMS_TABLE, REPLAY_TABLE, make_replay_server
 
 __all__ = [
@@ -18,10 +19,13 @@ __all__ = [
     "D4PGLearner",
     "PARAMS_TABLE",
     "REPLAY_TABLE",
+    "ReplayTimeoutError",
+    "RunResults",
     "Transition",
     "make_actor",
     "make_environment",
     "make_evaluator",
     "make_learner",
     "make_replay_server",
+    "run_single_process",
 ]
