@@ -267,8 +267,8 @@ class Supervisor:
           deadline, timeout = deadlines[state.node.name]
           if self._force.is_set() or time.monotonic() >= deadline:
             if not self._force.is_set():
-              self._echo(f"[launch] {state.node.name} did not stop within {timeout:g}s "
-                         "(blocked in a call); killing it")
+              self._echo(f"[launch] {state.node.name}: still running {timeout:g}s after the "
+                         "stop request (blocked in a call); killed")
             state.handle.kill()
             state.handle.drain()
             state.handle = None
