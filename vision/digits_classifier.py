@@ -20,7 +20,7 @@ from vision import gan_data, gan_metrics
 @dataclasses.dataclass
 class ClassifierConfig:
     image_size: int = 16
-    steps: int = 600
+    steps: int = 400
     batch_size: int = 64
     learning_rate: float = 1e-3
     max_shift: int = 1  # random translation (pixels) for robustness to generated samples

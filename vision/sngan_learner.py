@@ -199,6 +199,15 @@ class SNGANLearner(snt.Module):
             return tf.constant(0)
 
         self._repl.run(build)
+        # Optimiser slots too. Otherwise Sonnet creates them on the first update, inside the
+        # step: a checkpoint restored before then defers them (warning that it found no
+        # matching objects), and each step function is traced twice. Sonnet 2 has no public
+        # "build" for optimisers; `_initialize` is its once-only slot constructor (as used by
+        # replication.ReplicatedOptimizer), and running it in our scope replicates the slots.
+        with self._repl.scope():
+            for optimizer, module in ((self.g_optimizer, self.generator),
+                                      (self.d_optimizer, self.discriminator)):
+                optimizer.optimizer._initialize(module.trainable_variables)  # pylint: disable=protected-access
 
     def _disc_step_impl(self, iterator: Iterator, sub_step: tf.Tensor) -> Dict[str, tf.Tensor]:
         metrics = self._repl.run(self.disc_step, next(iterator), sub_step)

@@ -204,7 +204,7 @@ def _loop(config, learner, source, repl, run, manager, start, per_replica_batch,
              f"{model.image_size}x{model.image_size}x{model.channels}, "
              f"{model.num_classes} classes.")
     results: Dict[str, float] = {}
-    if start == 0:
+    if start == 0 and evaluator is not None:  # the baseline the metrics improve on
         results = _report(config, learner, run, 0, evaluator, print_fn)
     # Every D step reads one global batch: the stream position is a function of the step.
     consumed = start * model.disc_steps * model.global_batch_size

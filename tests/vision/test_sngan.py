@@ -1,0 +1,155 @@
+"""SN-GAN building blocks on one device: shapes, spectral and conditional normalisation, losses,
+EMA, and the resumable data stream."""
+import os
+
+import numpy as np
+import PIL.Image
+import pytest
+import tensorflow as tf
+
+from vision import gan_data, gan_layers, sngan, sngan_learner
+
+
+@pytest.mark.parametrize("size", [8, 16, 32])
+def test_networks_map_latents_to_images_to_scores(size):
+    g = sngan.Generator(num_classes=3, image_size=size, channels=3, base_channels=4,
+                        latent_dim=8)
+    d = sngan.Discriminator(num_classes=3, image_size=size, base_channels=4)
+    labels = tf.constant([0, 1, 2, 1])
+    images = g(tf.random.normal([4, 8]), labels, is_training=True)
+    assert images.shape == (4, size, size, 3)
+    assert float(tf.reduce_max(tf.abs(images))) <= 1.0  # tanh output
+    assert d(images, labels, is_training=True).shape == (4,)
+    assert len(g.blocks) == len(d.blocks) - 1 == sngan.check_image_size(size)
+
+
+@pytest.mark.parametrize("size", [4, 12, 20, 100, 512])
+def test_unsupported_image_sizes_are_refused_with_advice(size):
+    with pytest.raises(ValueError, match="power of two"):
+        sngan.check_image_size(size)
+
+
+def test_widths_follow_biggan():
+    assert sngan.generator_multipliers(128) == [16, 16, 8, 4, 2, 1]
+    assert sngan.discriminator_multipliers(128) == [1, 2, 4, 8, 16, 16]
+    assert sngan.generator_multipliers(16) == [4, 2, 1]
+
+
+def test_spectral_normalised_weights_have_unit_spectral_norm():
+    tf.random.set_seed(0)
+    conv = gan_layers.SNConv2D(8, 3)
+    linear = gan_layers.SNLinear(5)
+    x = tf.random.normal([2, 6, 6, 4])
+    for _ in range(30):  # power iterations converge over training calls
+        conv(x, is_training=True)
+        linear(tf.zeros([2, 7]), is_training=True)
+    for layer in (conv, linear):
+        w = layer.w.numpy().reshape(-1, layer.w.shape[-1])
+        normalised = layer.spectral_norm(layer.w, is_training=False).numpy()
+        top = np.linalg.svd(normalised.reshape(w.shape), compute_uv=False)[0]
+        assert top == pytest.approx(1.0, abs=1e-3)
+    # Not training leaves the power-iteration state alone.
+    u = conv.spectral_norm.u.numpy()
+    conv(x, is_training=False)
+    np.testing.assert_array_equal(u, conv.spectral_norm.u.numpy())
+
+
+def test_conditional_batch_norm_applies_the_scale_and_offset_of_each_class():
+    cbn = gan_layers.ConditionalBatchNorm(num_classes=3)
+    x = tf.random.stateless_normal([6, 2, 2, 4], [0, 1]) * 3.0 + 1.0
+    labels = tf.constant([0, 1, 2, 0, 1, 2])
+    cbn(x, labels, is_training=True)  # create the variables
+    gamma = np.arange(12, dtype=np.float32).reshape(3, 4) / 4 + 0.5
+    beta = -np.arange(12, dtype=np.float32).reshape(3, 4)
+    cbn.gamma.assign(gamma)
+    cbn.beta.assign(beta)
+    out = cbn(x, labels, is_training=True).numpy()
+    mean = x.numpy().mean(axis=(0, 1, 2))
+    var = x.numpy().var(axis=(0, 1, 2))
+    normalised = (x.numpy() - mean) / np.sqrt(var + 1e-4)
+    expected = gamma[labels.numpy()][:, None, None] * normalised + beta[labels.numpy()][:, None, None]
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_projection_discriminator_depends_on_the_class():
+    tf.random.set_seed(1)
+    d = sngan.Discriminator(num_classes=4, image_size=8, base_channels=4)
+    x = tf.random.normal([2, 8, 8, 1])
+    a = d(x, tf.constant([0, 0]), is_training=False).numpy()
+    b = d(x, tf.constant([3, 3]), is_training=False).numpy()
+    assert not np.allclose(a, b)
+
+
+def test_hinge_losses():
+    real = np.array([2.0, 0.5, -1.0], np.float32)
+    fake = np.array([-2.0, 0.0, 1.0], np.float32)
+    expected_d = np.mean(np.maximum(0, 1 - real)) + np.mean(np.maximum(0, 1 + fake))
+    assert float(sngan_learner.discriminator_hinge_loss(real, fake)) == pytest.approx(expected_d)
+    assert float(sngan_learner.generator_hinge_loss(fake)) == pytest.approx(-np.mean(fake))
+
+
+def test_ema_update_averages_floats_and_copies_counters():
+    class M(tf.Module):
+        def __init__(self, value):
+            super().__init__()
+            self.w = tf.Variable(value)
+            self.count = tf.Variable(3 if value else 0, dtype=tf.int64)
+
+    ema, model = M(0.0), M(10.0)
+    sngan_learner.update_ema(ema, model, tf.constant(0.9))
+    assert float(ema.w) == pytest.approx(1.0) and int(ema.count) == 3
+    sngan_learner.update_ema(ema, model, tf.constant(0.0))
+    assert float(ema.w) == pytest.approx(10.0)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="power of two"):
+        sngan_learner.SNGANConfig(image_size=24).validate()
+    with pytest.raises(ValueError, match="disc_steps"):
+        sngan_learner.SNGANConfig(disc_steps=0).validate()
+
+
+def _first_labels(source, batch, start, count):
+    ds = gan_data.make_input_fn(source, batch, seed=3, start=start)(tf.distribute.InputContext())
+    return np.concatenate([b["label"].numpy() for b, _ in zip(ds, range(count))])
+
+
+def test_data_stream_can_start_anywhere():
+    source = gan_data.load_digits(8, "eval")
+    assert (source.num_examples, source.num_classes, source.channels) == (360, 10, 1)
+    full = _first_labels(source, 40, 0, 12)  # into the second epoch
+    resumed = _first_labels(source, 40, 320, 4)  # a resume after 320 examples
+    np.testing.assert_array_equal(full[320:480], resumed)
+    assert sorted(full[:360]) == sorted(source.arrays()[1])  # each epoch is a permutation
+
+
+def _write_folder(root, classes, per_class=3, size=10):
+    rng = np.random.RandomState(0)
+    for name in classes:
+        os.makedirs(os.path.join(root, name))
+        for i in range(per_class):
+            pixels = rng.randint(0, 256, (size, size, 3), dtype=np.uint8)
+            PIL.Image.fromarray(pixels).save(os.path.join(root, name, f"{i}.png"))
+
+
+def test_folder_source(tmp_path):
+    _write_folder(str(tmp_path / "train"), ["cat", "dog"])  # the ImageNet folder layout too
+    source = gan_data.load_folder(str(tmp_path), image_size=8, channels=3)
+    assert source.class_names == ["cat", "dog"] and source.num_examples == 6
+    images, labels = source.arrays()
+    assert images.shape == (6, 8, 8, 3) and list(labels) == [0, 0, 0, 1, 1, 1]
+    assert images.min() >= -1.0 and images.max() <= 1.0
+    batch = next(iter(gan_data.make_input_fn(source, 4)(tf.distribute.InputContext())))
+    assert batch["image"].shape == (4, 8, 8, 3)
+
+
+def test_folder_errors(tmp_path):
+    with pytest.raises(gan_data.DataError, match="does not exist"):
+        gan_data.load_folder(str(tmp_path / "nowhere"), 8)
+    (tmp_path / "empty" / "a").mkdir(parents=True)
+    with pytest.raises(gan_data.DataError, match="no images"):
+        gan_data.load_folder(str(tmp_path / "empty"), 8)
+    _write_folder(str(tmp_path / "bad"), ["a"])
+    (tmp_path / "bad" / "a" / "0.png").write_bytes(b"not a png")
+    with pytest.raises(gan_data.DataError, match="cannot decode"):
+        gan_data.load_folder(str(tmp_path / "bad"), 8)
