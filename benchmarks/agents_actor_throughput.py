@@ -3,10 +3,11 @@
 The actor does everything a distributed D4PG actor does: numpy policy (default 256x3
 layers), Gaussian noise, the n-step adder into a real Reverb server running in another
 process, and weight pulls from its "params" table every `variable_update_period` steps.
-Raw and actor blocks alternate in the same run, so machine load affects both alike; the
-ratio of the medians of wall-clock steps/s is the result. The ratio of this thread's CPU
-time per step (time.thread_time) is printed too: it is insensitive to other processes
-competing for the cores.
+Raw env steps and actor steps alternate one by one in the same run (two environments of
+the same task), so machine load affects both alike; the ratio of the medians of the
+per-round wall-clock steps/s is the result. The ratio of this thread's CPU time per step
+(time.thread_time) is reported too: it ignores other processes competing for the cores,
+but not the cache pollution they cause.
 
 The replay table has no sample/insert rate limiting here (no learner samples from it),
 so the measurement is of the actor, not of a learner's pace.
@@ -32,32 +33,39 @@ from agents_common import ReplayServerProcess, write_result  # noqa: E402
 TASK = "cartpole:swingup"
 
 
-def raw_steps_per_second(env, steps: int) -> tuple[float, float]:
-  """(wall-clock steps/s, thread-CPU steps/s) of env.step alone (resets included)."""
-  action = np.zeros(env.action_spec().shape, np.float32)
-  timestep = env.reset()
-  start, cpu = time.perf_counter(), time.thread_time()
-  for _ in range(steps):
-    if timestep.last():
-      timestep = env.reset()
-    timestep = env.step(action)
-  return steps / (time.perf_counter() - start), steps / (time.thread_time() - cpu)
+def interleaved_rates(raw_env, actor_env, actor, steps: int) -> dict[str, float]:
+  """Alternates one raw env.step and one full actor step, `steps` times each.
 
-
-def actor_steps_per_second(env, actor, steps: int) -> tuple[float, float]:
-  """The same for a full actor step: act (policy + noise), env.step, add, maybe pull."""
-  timestep = env.reset()
-  actor.observe_first(timestep)
-  start, cpu = time.perf_counter(), time.thread_time()
+  Interleaving step by step puts both under the same machine load (other processes'
+  bursts last milliseconds), which block-wise alternation does not. Returns wall-clock
+  and this thread's CPU-time steps/s of each.
+  """
+  zero = np.zeros(raw_env.action_spec().shape, np.float32)
+  raw_ts = raw_env.reset()
+  actor_ts = actor_env.reset()
+  actor.observe_first(actor_ts)
+  clock, cpu = time.perf_counter, time.thread_time
+  raw_wall = raw_cpu = actor_wall = actor_cpu = 0.0
   for _ in range(steps):
-    if timestep.last():
-      timestep = env.reset()
-      actor.observe_first(timestep)
-    action = actor.select_action(timestep.observation)
-    timestep = env.step(action)
-    actor.observe(action, timestep)
+    w0, c0 = clock(), cpu()
+    if raw_ts.last():
+      raw_ts = raw_env.reset()
+    raw_ts = raw_env.step(zero)
+    w1, c1 = clock(), cpu()
+    if actor_ts.last():
+      actor_ts = actor_env.reset()
+      actor.observe_first(actor_ts)
+    action = actor.select_action(actor_ts.observation)
+    actor_ts = actor_env.step(action)
+    actor.observe(action, actor_ts)
     actor.update()
-  return steps / (time.perf_counter() - start), steps / (time.thread_time() - cpu)
+    w2, c2 = clock(), cpu()
+    raw_wall += w1 - w0
+    raw_cpu += c1 - c0
+    actor_wall += w2 - w1
+    actor_cpu += c2 - c1
+  return {"raw": steps / raw_wall, "actor": steps / actor_wall,
+          "raw_cpu": steps / raw_cpu, "actor_cpu": steps / actor_cpu}
 
 
 def main() -> None:
@@ -80,16 +88,15 @@ def main() -> None:
                       [v.numpy() for v in nets.acting_variables()])
     actor = builder.make_actor(config, spec, server.address, seed=1)
     actor_env = environments.make(TASK, seed=1)
-    actor_steps_per_second(actor_env, actor, 500)  # Warm-up (first pull, writer setup).
     raw_env = environments.make(TASK, seed=2)
+    interleaved_rates(raw_env, actor_env, actor, 500)  # Warm-up (first pull, writer setup).
     raw, acting, raw_cpu, acting_cpu = [], [], [], []
     for _ in range(args.rounds):
-      wall, cpu = raw_steps_per_second(raw_env, args.steps)
-      raw.append(wall)
-      raw_cpu.append(cpu)
-      wall, cpu = actor_steps_per_second(actor_env, actor, args.steps)
-      acting.append(wall)
-      acting_cpu.append(cpu)
+      rates = interleaved_rates(raw_env, actor_env, actor, args.steps)
+      raw.append(rates["raw"])
+      acting.append(rates["actor"])
+      raw_cpu.append(rates["raw_cpu"])
+      acting_cpu.append(rates["actor_cpu"])
       print(f"raw {raw[-1]:.0f} steps/s   actor {acting[-1]:.0f} steps/s   "
             f"ratio {acting[-1] / raw[-1]:.2f}   (CPU-time ratio "
             f"{acting_cpu[-1] / raw_cpu[-1]:.2f})", flush=True)
