@@ -37,6 +37,9 @@ class D4PGActor(core.Actor):
     seed: seed of the exploration noise.
 
   An evaluator is the same actor with `sigma=0` and no adder.
+
+  Constructing an actor limits numpy's BLAS to one thread in this process (matrix-vector
+  products of one observation are slower multi-threaded); TensorFlow is unaffected.
   """
 
   def __init__(self, policy: NumpyPolicy, action_spec, variable_client: VariableClient | None,
