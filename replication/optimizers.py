@@ -77,13 +77,24 @@ class ReplicatedOptimizer(snt.Module):
             # replicated tf.function on TF 2.15 that fails ("You must feed a value
             # for placeholder tensor 'cond/else/_1/cond/Placeholder'"). Create them
             # once, eagerly, in the replicator's scope instead.
-            create_in_scope(lambda: self._create_state(parameters))
+            self.create_state(parameters)
         # None updates stay in place: Sonnet skips them and keeps its slot list
         # aligned with the parameter list.
         self.optimizer.apply(updates, list(parameters))
 
-    def _create_state(self, parameters: Sequence[tf.Variable]) -> None:
-        # Sonnet's optimizers expose no public "build"; `_initialize` is the
-        # once-only slot constructor every stateful one of them defines.
-        self.optimizer._initialize(list(parameters))  # pylint: disable=protected-access
+    def create_state(self, parameters: Sequence[tf.Variable]) -> None:
+        """Creates the optimizer's slots for `parameters` now, in the replicator's scope.
+
+        `apply` does this on its first call; call it yourself when the state must
+        exist earlier, e.g. before restoring a checkpoint that holds it. Safe in
+        any context; a no-op once the state exists.
+        """
+        if self._state_created:
+            return
+
+        def create() -> None:
+            # Sonnet's optimizers expose no public "build"; `_initialize` is the
+            # once-only slot constructor every stateful one of them defines.
+            self.optimizer._initialize(list(parameters))  # pylint: disable=protected-access
+        create_in_scope(create)
         self._state_created = True

@@ -154,10 +154,7 @@ class D4PGLearner(core.Learner):
     """
     for optimizer, params in ((self._critic_optimizer, self._online.critic_variables()),
                               (self._policy_optimizer, self._online.policy_variables())):
-      # TODO(agents): use a public ReplicatedOptimizer hook once replication offers one.
-      create = getattr(optimizer, "create_state", None) or optimizer._create_state  # pylint: disable=protected-access
-      with self._repl.scope():
-        create(params)
+      optimizer.create_state(params)
 
   def _loss_and_gradients(self, batch: Transition):
     """Losses and gradients of one replica's batch (pure computation, no state changes)."""
