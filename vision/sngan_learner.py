@@ -198,7 +198,15 @@ class SNGANLearner(snt.Module):
             update_ema(self.generator_ema, self.generator, tf.constant(0.0))
             return tf.constant(0)
 
-        self._repl.run(build)
+        # Eagerly, once: creating variables while tracing a replicated step is fragile on
+        # TF 2.15 (see replication/variables.py). Silence the "eager run is slow" warning.
+        logger = tf.get_logger()
+        level = logger.level
+        logger.setLevel("ERROR")
+        try:
+            self._repl.run(build)
+        finally:
+            logger.setLevel(level)
         # Optimiser slots too. Otherwise Sonnet creates them on the first update, inside the
         # step: a checkpoint restored before then defers them (warning that it found no
         # matching objects), and each step function is traced twice. Sonnet 2 has no public
