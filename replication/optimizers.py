@@ -9,7 +9,7 @@ batch N*B, which is the guarantee the tests check.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, ContextManager, Sequence
 
 import sonnet as snt
 import tensorflow as tf
@@ -23,11 +23,14 @@ class ReplicatedOptimizer(snt.Module):
     Args:
       optimizer: a Sonnet optimizer (`snt.optimizers.Adam`, `SGD`, `Momentum`,
         `RMSProp`, ...) constructed inside `Replicator.scope()`.
+      scope: the owning Replicator's `scope`, entered to create the optimizer's
+        slots so that they are replicated like the parameters.
       synchronous: False for asynchronous parameter-server training, where each
         worker applies its own gradients and nothing is all-reduced.
     """
 
-    def __init__(self, optimizer: snt.Optimizer, synchronous: bool = True,
+    def __init__(self, optimizer: snt.Optimizer,
+                 scope: Callable[[], ContextManager] | None = None, synchronous: bool = True,
                  name: str | None = None):
         super().__init__(name=name or f"replicated_{optimizer.name}")
         if isinstance(optimizer, ReplicatedOptimizer):
@@ -36,6 +39,7 @@ class ReplicatedOptimizer(snt.Module):
                 "the gradients twice. Pass the wrapped optimizer as it is."
             )
         self.optimizer = optimizer
+        self._scope = scope
         self._synchronous = synchronous
         self._state_created = not hasattr(optimizer, "_initialize")
 
@@ -96,5 +100,5 @@ class ReplicatedOptimizer(snt.Module):
             # Sonnet's optimizers expose no public "build"; `_initialize` is the
             # once-only slot constructor every stateful one of them defines.
             self.optimizer._initialize(list(parameters))  # pylint: disable=protected-access
-        create_in_scope(create)
+        create_in_scope(create, self._scope)
         self._state_created = True

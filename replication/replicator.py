@@ -96,7 +96,7 @@ class Replicator:
 
     def wrap_optimizer(self, optimizer: snt.Optimizer) -> ReplicatedOptimizer:
         """Returns `optimizer` wrapped to average gradients across replicas once."""
-        return ReplicatedOptimizer(optimizer, synchronous=not self.is_asynchronous)
+        return ReplicatedOptimizer(optimizer, self.scope, synchronous=not self.is_asynchronous)
 
     # ------------------------------------------------------------------ input
     def per_replica_batch_size(self, global_batch_size: int) -> int:

@@ -30,29 +30,34 @@ def register_scope(strategy: tf.distribute.Strategy, scope: Callable[[], Context
     _SCOPES[strategy] = weakref.WeakMethod(scope)
 
 
-def _scope_for(strategy: tf.distribute.Strategy) -> ContextManager:
-    if not tf.distribute.has_strategy():
+def _scope_for(strategy: tf.distribute.Strategy | None) -> ContextManager:
+    if strategy is None:
         return contextlib.nullcontext()
     method = _SCOPES.get(strategy)
     scope = method() if method is not None else None
     return scope() if scope is not None else strategy.scope()
 
 
-def create_in_scope(create: Callable[[], T]) -> T:
-    """Runs `create()` eagerly in the current Replicator's variable scope and returns its result.
+def create_in_scope(create: Callable[[], T],
+                    scope: Callable[[], ContextManager] | None = None) -> T:
+    """Runs `create()` eagerly in a Replicator's variable scope and returns its result.
 
-    Safe from replica context (inside `Replicator.run`, all replicas must call it
-    together, as with any collective), from cross-replica context, and with no
-    strategy at all. `create` must build its initial values from static shapes,
-    not from tensors of the step being traced.
+    The scope is `scope()` when given (an object that knows its Replicator, like a
+    wrapped optimizer, passes it, so it works even outside `Replicator.scope()`),
+    else that of the strategy in force (none: plain variables). Safe from replica
+    context (inside `Replicator.run`, all replicas must call it together, as with
+    any collective), from cross-replica context, and with no strategy at all.
+    `create` must build its initial values from static shapes, not from tensors of
+    the step being traced.
     """
     context = tf.distribute.get_replica_context()
-    strategy = tf.distribute.get_strategy()
     if tf.distribute.has_strategy() and context is not None:
-        return context.merge_call(lambda merged: _create_eagerly(merged, create))
-    return _create_eagerly(strategy, create)
+        return context.merge_call(
+            lambda merged: _create_eagerly(scope or (lambda: _scope_for(merged)), create))
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    return _create_eagerly(scope or (lambda: _scope_for(strategy)), create)
 
 
-def _create_eagerly(strategy: tf.distribute.Strategy, create: Callable[[], T]) -> T:
-    with tf.init_scope(), _scope_for(strategy):
+def _create_eagerly(scope: Callable[[], ContextManager], create: Callable[[], T]) -> T:
+    with tf.init_scope(), scope():
         return create()

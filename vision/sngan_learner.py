@@ -207,15 +207,12 @@ class SNGANLearner(snt.Module):
             self._repl.run(build)
         finally:
             logger.setLevel(level)
-        # Optimiser slots too. Otherwise Sonnet creates them on the first update, inside the
+        # Optimiser slots too. Otherwise they are created on the first update, inside the
         # step: a checkpoint restored before then defers them (warning that it found no
-        # matching objects), and each step function is traced twice. Sonnet 2 has no public
-        # "build" for optimisers; `_initialize` is its once-only slot constructor (as used by
-        # replication.ReplicatedOptimizer), and running it in our scope replicates the slots.
-        with self._repl.scope():
-            for optimizer, module in ((self.g_optimizer, self.generator),
-                                      (self.d_optimizer, self.discriminator)):
-                optimizer.optimizer._initialize(module.trainable_variables)  # pylint: disable=protected-access
+        # matching objects), and each step function is traced twice.
+        for optimizer, module in ((self.g_optimizer, self.generator),
+                                  (self.d_optimizer, self.discriminator)):
+            optimizer.create_state(module.trainable_variables)
 
     def _disc_step_impl(self, iterator: Iterator, sub_step: tf.Tensor) -> Dict[str, tf.Tensor]:
         metrics = self._repl.run(self.disc_step, next(iterator), sub_step)

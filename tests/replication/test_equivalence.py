@@ -137,3 +137,14 @@ def test_wrapping_twice_is_refused():
         opt = repl.wrap_optimizer(snt.optimizers.SGD(0.1))
     with pytest.raises(ValueError, match="already wrapped"):
         repl.wrap_optimizer(opt)
+
+
+def test_optimizer_state_created_outside_scope_is_still_replicated():
+    repl = replication.make("cpu:2")
+    with repl.scope():
+        net = snt.Linear(3)
+        net(tf.zeros([1, FEATURES]))
+        opt = repl.wrap_optimizer(snt.optimizers.Adam(1e-2))
+    opt.create_state(net.trainable_variables)  # e.g. before restoring a checkpoint
+    for slot in opt.optimizer.m + opt.optimizer.v:
+        assert len(repl.local_results(slot)) == 2, slot.name
