@@ -109,6 +109,14 @@ def _allow_sonnet_optimizers(strategy_type: type) -> None:
         optimizer_utils._SUPPORTED_STRATEGIES += (strategy_type,)  # pylint: disable=protected-access
 
 
+def _tf_config_resolver(missing_message: str):
+    """The cluster named by TF_CONFIG; `missing_message` when it names none."""
+    config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+    if not config.get("cluster"):
+        raise RuntimeError(missing_message)
+    return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+
+
 def _make_multiworker(deployment: Deployment, workers: Sequence[str] | None,
                       task_index: int | None, timeout: float | None) -> Replicator:
     if workers is not None:
@@ -120,13 +128,10 @@ def _make_multiworker(deployment: Deployment, workers: Sequence[str] | None,
             tf.train.ClusterSpec({"worker": list(workers)}),
             task_type="worker", task_id=task_index, rpc_layer="grpc")
     else:
-        config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
-        if not config.get("cluster"):
-            raise RuntimeError(
-                "The 'multiworker' spec needs a cluster: set TF_CONFIG (JSON with "
-                "'cluster' and 'task') in every worker, or call "
-                "replication.make('multiworker', workers=['host:port', ...], task_index=i).")
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        resolver = _tf_config_resolver(
+            "The 'multiworker' spec needs a cluster: set TF_CONFIG (JSON with "
+            "'cluster' and 'task') in every worker, or call "
+            "replication.make('multiworker', workers=['host:port', ...], task_index=i).")
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=timeout)
@@ -159,13 +164,10 @@ def _make_parameter_server(deployment: Deployment,
             resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
                 tf.train.ClusterSpec(spec), rpc_layer="grpc")
     else:
-        config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
-        if not config.get("cluster"):
-            raise RuntimeError(
-                "The 'ps' spec needs a cluster: set TF_CONFIG with 'chief', 'worker' "
-                "and 'ps' jobs on the coordinator, or call replication.make('ps', "
-                "cluster={'chief': [...], 'worker': [...], 'ps': [...]}).")
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        resolver = _tf_config_resolver(
+            "The 'ps' spec needs a cluster: set TF_CONFIG with 'chief', 'worker' "
+            "and 'ps' jobs on the coordinator, or call replication.make('ps', "
+            "cluster={'chief': [...], 'worker': [...], 'ps': [...]}).")
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     _allow_sonnet_optimizers(type(strategy))
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
