@@ -158,7 +158,7 @@ class D4PGLearner(core.Learner):
 
   def _loss_and_gradients(self, batch: Transition):
     """Losses and gradients of one replica's batch (pure computation, no state changes)."""
-    config, online, target = self._config, self._online, self._target
+    online, target = self._online, self._target
     with tf.GradientTape(persistent=True) as tape:
       embedding = online.torso(batch.observation)
       next_embedding = tf.stop_gradient(target.torso(batch.next_observation))
