@@ -14,7 +14,9 @@ The maths, per step t with global batch size N:
             = peak_lr * decay ** #{boundaries b : t >= b * T}    ("step")
     q       = (1 - eps) * onehot(label) + eps / K                (label smoothing, K classes)
     loss    = mean_batch(-sum_k q_k log softmax(logits)_k) + wd * sum_w ||w||^2 / 2
-                                                               (w: conv and linear weights only)
+                                                               (w: conv and linear weights only;
+                                                                the L2 gradient wd * w is added
+                                                                to the gradient directly)
     v <- momentum * v + grad;  theta <- theta - lr(t) * v       (SGD with momentum)
 """
 
@@ -57,6 +59,7 @@ class ClassificationConfig:
     stem_channels: int = 64
     zero_init_last_bn: bool = True
     bn_decay: float = 0.9
+    stride_in_1x1: bool = False               # True: ResNet v1 (as Keras) instead of v1.5
     batch_size: int = 256                     # global, over all replicas
     steps: int = 1000
     base_learning_rate: float = 0.1           # for a batch of 256; scaled linearly
@@ -150,7 +153,8 @@ def build_model(config: ClassificationConfig, num_classes: int, image_size: int)
     return resnet.ResNet(
         config.blocks_per_group, config.channels_per_group, num_classes, stem=stem,
         stem_channels=config.stem_channels, zero_init_last_bn=config.zero_init_last_bn,
-        bn_decay=config.bn_decay, precision=config.precision, name="resnet")
+        bn_decay=config.bn_decay, precision=config.precision,
+        stride_in_1x1=config.stride_in_1x1, name="resnet")
 
 
 class Classifier(snt.Module):
@@ -191,7 +195,7 @@ class Classifier(snt.Module):
             create = (getattr(self.optimizer, "create_state", None)
                       or self.optimizer._create_state)  # pylint: disable=protected-access
             create(self.model.trainable_variables)
-        self._decayed = resnet.weight_decay_variables(self.model)
+        self._decayed = {v.ref() for v in resnet.weight_decay_variables(self.model)}
         precision_lib.check_float32(self.model.variables, "Model variables")
         self._train_fn = tf.function(self._train_step)
         self._eval_fn = tf.function(self._eval_step)
@@ -210,15 +214,18 @@ class Classifier(snt.Module):
         with tf.GradientTape() as tape:
             logits = self.model(images, is_training=True)
             loss = self._loss(logits, labels)
-            l2 = tf.add_n([tf.nn.l2_loss(w) for w in self._decayed])
-            total = loss + self.config.weight_decay * l2
-        gradients = tape.gradient(total, parameters)
+        gradients = tape.gradient(loss, parameters)
         precision_lib.check_float32(gradients, "Gradients")
+        # L2 weight decay: the gradient of wd * ||w||^2 / 2 is wd * w, added
+        # directly (one pass over the weights instead of a loss term and its
+        # backward pass; identical for SGD).
+        decay = self.config.weight_decay
+        gradients = [g + decay * w if w.ref() in self._decayed else g
+                     for g, w in zip(gradients, parameters)]
         self.optimizer.apply(gradients, parameters)  # mean-all-reduced across replicas here
         self.step.assign_add(1)
         correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
-        return {"loss": loss, "accuracy": tf.reduce_mean(correct), "learning_rate": lr,
-                "l2": l2}
+        return {"loss": loss, "accuracy": tf.reduce_mean(correct), "learning_rate": lr}
 
     def _replica_eval_step(self, images: tf.Tensor, labels: tf.Tensor,
                            mask: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -347,6 +354,11 @@ def _loop(config, classifier, dataset, image_size, repl, run, manager, start, pr
     print_fn(f"Training {dataset.name}: {config.steps} steps of {config.batch_size} images "
              f"({image_size}x{image_size}) on {repl.num_replicas} replica(s) "
              f"[{config.replicas}], {config.precision}.")
+    if (config.precision == "bfloat16" and config.replicas.startswith("cpu")
+            and precision_lib.cpu_has_native_bfloat16() is False):
+        print_fn("Warning: this CPU has no bfloat16 instructions (avx512_bf16/amx_bf16), so "
+                 "TensorFlow emulates bfloat16 and training is slower than in float32. "
+                 "bfloat16 pays off on TPUs, recent GPUs and CPUs with AMX or AVX512-BF16.")
     iterator = iter(repl.distribute(dataset.input_fn(
         TRAIN, config.batch_size, image_size, seed=config.seed, start_step=start)))
     progress = training_common.Progress(config.steps, start, config.batch_size, "images")

@@ -48,3 +48,22 @@ def check_float32(tensors: Iterable[tf.Tensor | tf.Variable], what: str) -> None
     if wrong:
         raise TypeError(f"{what} must be float32 under every precision; got others for: "
                         f"{', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}")
+
+
+def cpu_has_native_bfloat16() -> bool | None:
+    """Whether this CPU advertises bfloat16 arithmetic (AVX512-BF16 or AMX-BF16).
+
+    Without it TensorFlow emulates bfloat16 on CPU, and bfloat16 training is
+    much slower than float32 (measured here on an AVX2-only AMD EPYC: a ResNet
+    3x3 convolution's forward+backward took 14x longer). Returns None where the
+    flags cannot be read (not Linux).
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return None

@@ -23,18 +23,15 @@ from typing import Sequence
 
 from vision import training_common
 
-# Flag name -> ClassificationConfig field (flags default to None = "not given").
+# Flag (argparse dest) -> ClassificationConfig field; flags default to None = "not given".
 _FLAGS = {
-    "data": "data", "num_classes": "num_classes", "image_size": "image_size",
-    "blocks": "blocks_per_group", "channels": "channels_per_group", "stem": "stem",
-    "stem_channels": "stem_channels", "zero_init_last_bn": "zero_init_last_bn",
-    "bn_decay": "bn_decay", "batch_size": "batch_size", "steps": "steps",
-    "base_learning_rate": "base_learning_rate", "warmup_steps": "warmup_steps",
-    "schedule": "schedule", "step_boundaries": "step_boundaries", "step_decay": "step_decay",
-    "momentum": "momentum", "label_smoothing": "label_smoothing",
-    "weight_decay": "weight_decay", "precision": "precision", "replicas": "replicas",
-    "seed": "seed", "log_every": "log_every", "eval_every": "eval_every",
-    "checkpoint_every": "checkpoint_every", "keep_checkpoints": "keep_checkpoints",
+    "blocks": "blocks_per_group", "channels": "channels_per_group",
+    **{name: name for name in (
+        "data", "num_classes", "image_size", "stem", "stem_channels", "zero_init_last_bn",
+        "bn_decay", "stride_in_1x1", "batch_size", "steps", "base_learning_rate",
+        "warmup_steps", "schedule", "step_boundaries", "step_decay", "momentum",
+        "label_smoothing", "weight_decay", "precision", "replicas", "seed", "log_every",
+        "eval_every", "checkpoint_every", "keep_checkpoints")},
 }
 
 
@@ -83,6 +80,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     add("--zero-init-last-bn", type=_bool, metavar="true|false",
         help="start each block's last batch-norm scale at zero (default: true)")
     add("--bn-decay", type=float, help=f"batch-norm moving-average decay (default: {d.bn_decay})")
+    add("--stride-in-1x1", type=_bool, metavar="true|false",
+        help="downsample in each block's first 1x1 conv (ResNet v1, as Keras) instead of the "
+             "3x3 (v1.5; default: false)")
     add("--base-learning-rate", "--lr", type=float, dest="base_learning_rate",
         help=f"learning rate for a batch of 256, scaled linearly (default: {d.base_learning_rate})")
     add("--warmup-steps", type=int, help="linear warmup steps (default: 5%% of --steps)")

@@ -97,16 +97,19 @@ class RunDir:
             # None means "not specified": the saved value stands.
             config = {k: saved_config[k] if v is None and k in saved_config else v
                       for k, v in config.items()}
+            # Keys only one side has (options added or removed since the run began)
+            # are not differences: the run keeps its saved values.
             differences = [
-                f"{key}: {saved_config.get(key)!r} in the run, {config.get(key)!r} now"
-                for key in sorted(set(saved_config) | set(config))
-                if key not in mutable and saved_config.get(key) != config.get(key)]
+                f"{key}: {saved_config[key]!r} in the run, {config[key]!r} now"
+                for key in sorted(set(saved_config) & set(config))
+                if key not in mutable and saved_config[key] != config[key]]
             if differences:
                 raise RunDirError(
                     f"{self.path} holds a run with a different config ("
                     + "; ".join(differences) + "). Resume with the same settings, or use "
                     "a new --run-dir for a new run.")
-            self.config = {**saved_config, **{k: config[k] for k in mutable if k in config}}
+            self.config = {**config, **saved_config,
+                           **{k: config[k] for k in mutable if k in config}}
             self.resumed = True
         else:
             if os.path.isdir(self.path) and os.listdir(self.path):

@@ -27,6 +27,8 @@ def test_resnet50_has_the_reference_parameter_count():
     first_of_group_1 = next(b for b in model.blocks if b.name == "group_1_block_0")
     assert [c.stride for c in first_of_group_1.convs] == [1, 2, 1]
     assert first_of_group_1.projection.stride == 2
+    v1 = resnet.resnet50(stride_in_1x1=True)  # the original v1, as Keras' ResNet50
+    assert [c.stride for c in v1.blocks[3].convs] == [2, 1, 1]
 
 
 @pytest.mark.parametrize("zero_init", [True, False])

@@ -1,0 +1,204 @@
+"""ResNet-50 training throughput: ours vs Keras, bfloat16 vs float32, cpu:2 vs cpu.
+
+All configurations train ResNet-50 (224x224, 1000 classes, global batch 32 by
+default) the same way: SGD with momentum 0.9, label-smoothed cross-entropy and L2
+weight decay on kernels, one `tf.function` step per batch (no XLA), inputs from
+memory. They are built in ONE process and measured in interleaved rounds (every
+round times each configuration once, back to back), so a change in machine load
+hits all of them alike; ratios are medians of per-round ratios. Both wall-clock
+images/s and images per process-CPU-second are recorded; the latter is less
+sensitive to other jobs competing for the cores, but counts all threads.
+
+    ours_float32         vision.classification.Classifier, replication "cpu"
+    keras_float32        tf.keras.applications.ResNet50(weights=None)
+    ours_bfloat16        --precision bfloat16: bf16 compute, float32 weights
+    keras_mixed_bfloat16 Keras' mixed_bfloat16 policy (reference)
+    ours_float32_cpu2    replication "cpu:2": 2 logical devices, 16 images each
+    ours_v1_float32      ours with the stride in the first 1x1 conv (ResNet v1), the
+                         architecture Keras' ResNet50 implements: same FLOPs as Keras,
+                         while ours (v1.5, strided 3x3) does ~6% more work
+
+Usage: .venv/bin/python benchmarks/vision_resnet.py [--batch-size 32 --rounds 3
+       --steps-per-round 2 --only ours_float32,keras_float32]
+Writes benchmarks/results/vision_resnet.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import replication  # noqa: E402
+
+REPL_2 = replication.make("cpu:2")  # logical devices must exist before TensorFlow starts
+REPL_1 = replication.make("cpu")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from vision import classification  # noqa: E402
+
+NUM_CLASSES = 1000
+LABEL_SMOOTHING, WEIGHT_DECAY, LEARNING_RATE, MOMENTUM = 0.1, 1e-4, 0.1, 0.9
+CONFIGS = ("ours_float32", "keras_float32", "ours_v1_float32", "ours_bfloat16",
+           "keras_mixed_bfloat16", "ours_float32_cpu2")
+
+
+def _batch(batch_size: int, image_size: int):
+    rng = np.random.RandomState(0)
+    images = rng.normal(size=(batch_size, image_size, image_size, 3)).astype(np.float32)
+    labels = rng.randint(0, NUM_CLASSES, size=batch_size).astype(np.int32)
+    return images, labels
+
+
+def ours(repl, precision: str, batch_size: int, image_size: int, stride_in_1x1: bool = False):
+    """A `() -> loss` training step of our ResNet-50 on `repl`."""
+    config = classification.ClassificationConfig(
+        batch_size=batch_size, steps=1_000_000, precision=precision, stem="imagenet",
+        stride_in_1x1=stride_in_1x1,
+        base_learning_rate=LEARNING_RATE * 256 / batch_size, warmup_steps=0,
+        label_smoothing=LABEL_SMOOTHING, weight_decay=WEIGHT_DECAY, momentum=MOMENTUM)
+    classifier = classification.Classifier(config, repl, NUM_CLASSES, image_size)
+    images, labels = _batch(batch_size, image_size)
+
+    def input_fn(ctx):
+        per_replica = ctx.get_per_replica_batch_size(batch_size)
+        dataset = tf.data.Dataset.from_tensor_slices((images, labels)).batch(per_replica)
+        return dataset.cache().repeat()
+
+    iterator = iter(repl.distribute(input_fn))
+    return lambda: classifier.train_step(iterator)["loss"]
+
+
+def keras(mixed: bool, batch_size: int, image_size: int):
+    """The same step for tf.keras.applications.ResNet50(weights=None)."""
+    policy = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16" if mixed else "float32")
+    try:
+        model = tf.keras.applications.ResNet50(
+            weights=None, input_shape=(image_size, image_size, 3), classes=NUM_CLASSES,
+            classifier_activation=None)
+    finally:
+        tf.keras.mixed_precision.set_global_policy(policy)
+    optimizer = tf.keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
+    loss_fn = tf.keras.losses.CategoricalCrossentropy(from_logits=True,
+                                                      label_smoothing=LABEL_SMOOTHING)
+    kernels = {v.ref() for v in model.trainable_variables if v.shape.rank > 1}
+    images, labels = (tf.constant(a) for a in _batch(batch_size, image_size))
+    targets = tf.one_hot(labels, NUM_CLASSES)
+
+    @tf.function(jit_compile=False)
+    def step():
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(images, training=True), tf.float32)
+            loss = loss_fn(targets, logits)
+        parameters = model.trainable_variables
+        gradients = tape.gradient(loss, parameters)
+        gradients = [g + WEIGHT_DECAY * w if w.ref() in kernels else g  # as ours does
+                     for g, w in zip(gradients, parameters)]
+        optimizer.apply_gradients(zip(gradients, parameters))
+        return loss
+
+    return step
+
+
+def build(name: str, batch_size: int, image_size: int):
+    if name == "ours_float32":
+        return ours(REPL_1, "float32", batch_size, image_size)
+    if name == "ours_v1_float32":
+        return ours(REPL_1, "float32", batch_size, image_size, stride_in_1x1=True)
+    if name == "ours_bfloat16":
+        return ours(REPL_1, "bfloat16", batch_size, image_size)
+    if name == "ours_float32_cpu2":
+        return ours(REPL_2, "float32", batch_size, image_size)
+    if name == "keras_float32":
+        return keras(False, batch_size, image_size)
+    if name == "keras_mixed_bfloat16":
+        return keras(True, batch_size, image_size)
+    raise ValueError(f"unknown configuration {name!r}; use some of {CONFIGS}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps-per-round", type=int, default=2)
+    parser.add_argument("--only", default=",".join(CONFIGS))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vision_resnet.json"))
+    args = parser.parse_args()
+    names = [n for n in args.only.split(",") if n]
+
+    steps, compile_seconds = {}, {}
+    for name in names:
+        start = time.perf_counter()
+        steps[name] = build(name, args.batch_size, args.image_size)
+        float(steps[name]())  # trace + first step
+        compile_seconds[name] = time.perf_counter() - start
+        print(f"built {name} in {compile_seconds[name]:.0f}s", flush=True)
+
+    wall = {n: [] for n in names}
+    cpu = {n: [] for n in names}
+    for round_index in range(args.rounds):
+        for name in names:
+            wall_start, cpu_start = time.perf_counter(), time.process_time()
+            for _ in range(args.steps_per_round):
+                loss = steps[name]()
+            float(loss)
+            images = args.batch_size * args.steps_per_round
+            wall[name].append(images / (time.perf_counter() - wall_start))
+            cpu[name].append(images / (time.process_time() - cpu_start))
+        print(f"round {round_index + 1}: " + "  ".join(
+            f"{n} {wall[n][-1]:.2f}" for n in names) + "  (images/s)", flush=True)
+
+    def ratio(a: str, b: str):
+        if a not in wall or b not in wall:
+            return None
+        return {"wall_median": statistics.median(x / y for x, y in zip(wall[a], wall[b])),
+                "cpu_time_median": statistics.median(x / y for x, y in zip(cpu[a], cpu[b]))}
+
+    result = {
+        "benchmark": "vision_resnet",
+        "model": f"ResNet-50, {args.image_size}x{args.image_size}, {NUM_CLASSES} classes, "
+                 f"global batch {args.batch_size}, SGD momentum, label smoothing, L2",
+        "command": " ".join([".venv/bin/python", "benchmarks/vision_resnet.py", *sys.argv[1:]]),
+        "rounds": args.rounds, "steps_per_round": args.steps_per_round,
+        "images_per_second_wall": {n: {"median": statistics.median(v), "max": max(v), "all": v}
+                                   for n, v in wall.items()},
+        "images_per_cpu_second": {n: statistics.median(v) for n, v in cpu.items()},
+        "build_and_first_step_seconds": compile_seconds,
+        "ratios": {
+            "ours_over_keras_float32": ratio("ours_float32", "keras_float32"),
+            "ours_v1_over_keras_float32_same_architecture": ratio("ours_v1_float32",
+                                                                  "keras_float32"),
+            "ours_bfloat16_over_ours_float32": ratio("ours_bfloat16", "ours_float32"),
+            "keras_bfloat16_over_keras_float32": ratio("keras_mixed_bfloat16", "keras_float32"),
+            "ours_bfloat16_over_keras_bfloat16": ratio("ours_bfloat16", "keras_mixed_bfloat16"),
+            "cpu2_over_cpu_float32": ratio("ours_float32_cpu2", "ours_float32"),
+        },
+        "targets": {"ours_over_keras_float32": ">= 1.0",
+                    "ours_bfloat16_over_ours_float32": ">= 1.8"},
+        "machine": {"cores": os.cpu_count(), "platform": platform.platform(),
+                    "tensorflow": tf.__version__,
+                    "load_average_at_end": os.getloadavg()[0],
+                    "note": "2-core machine shared with other engineers' jobs: timings are noisy"},
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(result["ratios"], indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
