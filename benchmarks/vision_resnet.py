@@ -135,7 +135,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--only", default=",".join(CONFIGS))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "vision_resnet.json"))
+    parser.add_argument("--out",
+                        default=str(ROOT / "benchmarks" / "results" / "vision_resnet.json"))
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
 

@@ -51,7 +51,8 @@ class BatchNorm(replication.CrossReplicaBatchNorm):
                          moving_variance=moving_variance, eps=eps, scale_init=scale_init,
                          name=name)
 
-    def __call__(self, inputs: tf.Tensor, is_training: bool) -> tf.Tensor:  # pytype: disable=signature-mismatch
+    # pylint: disable-next=arguments-differ  (no test_local_stats/scale/offset here)
+    def __call__(self, inputs: tf.Tensor, is_training: bool) -> tf.Tensor:
         channels = int(inputs.shape[-1])
         # Variables are shaped by the channel count and typed float32, whatever the
         # input dtype: a float32 probe of shape [1, ..., 1, C] creates them.
@@ -204,7 +205,9 @@ class ResNet(snt.Module):
                 f"{tuple(channels_per_group)} must be non-empty and of equal length.")
         if stem not in ("imagenet", "small"):
             raise ValueError(f"Unknown stem {stem!r}; use 'imagenet' (224x224 inputs) or 'small'.")
-        strides = tuple(strides) if strides is not None else (1,) + (2,) * (len(blocks_per_group) - 1)
+        if strides is None:
+            strides = (1,) + (2,) * (len(blocks_per_group) - 1)
+        strides = tuple(strides)
         if len(strides) != len(blocks_per_group):
             raise ValueError(f"Need one stride per group; got {strides} for "
                              f"{len(blocks_per_group)} groups.")

@@ -51,8 +51,9 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Adds the `resnet50` command to the `train` command's subparsers."""
-    from vision.classification import ClassificationConfig, SCHEDULES  # pylint: disable=import-outside-toplevel
-    from vision.precision import PRECISIONS  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from vision.classification import SCHEDULES, ClassificationConfig
+    from vision.precision import PRECISIONS
 
     d = ClassificationConfig()
     parser = subparsers.add_parser(
@@ -65,7 +66,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     add("--replicas", help=f"replication spec: cpu, cpu:N, gpu, multiworker, tpu "
                            f"(default: {d.replicas})")
     add("--run-dir", help="run directory (default: runs/resnet50-<time>); reusing one resumes")
-    add("--batch-size", type=int, help=f"global batch size over all replicas (default: {d.batch_size})")
+    add("--batch-size", type=int,
+        help=f"global batch size over all replicas (default: {d.batch_size})")
     add("--steps", type=int, help=f"train until this step (default: {d.steps})")
     add("--precision", choices=PRECISIONS,
         help="bfloat16 = bfloat16 compute on float32 weights (default: float32)")
@@ -115,7 +117,8 @@ def _bool(text: str) -> bool:
 
 def resolve_config(args: argparse.Namespace):
     """Defaults <- the run directory's saved config <- flags given on the command line."""
-    from vision.classification import ClassificationConfig  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from vision.classification import ClassificationConfig
 
     values = dataclasses.asdict(ClassificationConfig())
     saved = training_common.saved_config(args.run_dir) if args.run_dir else None

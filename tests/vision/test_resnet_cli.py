@@ -124,3 +124,34 @@ def test_replicator_console_script_registers_resnet50(tmp_path, capsys):
     code = cli.main(["train", "resnet50", "--data", str(tmp_path / "missing"),
                      "--run-dir", str(tmp_path / "run")])
     assert code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.support import REPO_ROOT, python_env
+
+    run_dir = str(tmp_path / "run")
+    command = [sys.executable, "-m", "vision.resnet_cli", "train", "resnet50", *SMALL,
+               "--replicas", "cpu", "--steps", "100000", "--run-dir", run_dir]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=python_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (os.path.exists(os.path.join(run_dir, "metrics.csv"))
+                   and _train_losses(run_dir)):
+            assert process.poll() is None and time.time() < deadline, process.communicate()
+            time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    stopped = int(out.split("Stopped at step ")[1].split()[0])
+    assert 2 <= stopped < 100000
+    assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{stopped}.index"))
+    assert not os.path.exists(os.path.join(run_dir, ".lock"))

@@ -25,7 +25,8 @@ ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
 
 def normalize(image: tf.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> tf.Tensor:
     """Maps a float image on a 0..255 scale to zero mean, unit variance per channel."""
-    return (tf.cast(image, tf.float32) - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+    mean, std = tf.constant(mean, tf.float32), tf.constant(std, tf.float32)
+    return (tf.cast(image, tf.float32) - mean) / std
 
 
 def _decode_window(encoded: tf.Tensor, window: tf.Tensor) -> tf.Tensor:

@@ -68,7 +68,8 @@ def write_tiny_imagenet(directory: str, form: str = "tfrecord", num_classes: int
             for index, (label, data) in enumerate(examples):
                 class_dir = os.path.join(directory, folder, class_name(label))
                 os.makedirs(class_dir, exist_ok=True)
-                with open(os.path.join(class_dir, f"{class_name(label)}_{index:05d}.JPEG"), "wb") as f:
+                path = os.path.join(class_dir, f"{class_name(label)}_{index:05d}.JPEG")
+                with open(path, "wb") as f:
                     f.write(data)
         return directory
     _write_tfds(os.path.join(directory, TFDS_NAME, TFDS_VERSION), splits, num_classes,
