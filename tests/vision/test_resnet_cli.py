@@ -155,3 +155,15 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path):
     assert 2 <= stopped < 100000
     assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{stopped}.index"))
     assert not os.path.exists(os.path.join(run_dir, ".lock"))
+
+
+@pytest.mark.parametrize("form", ["tfrecord", "folders"])
+def test_trains_on_both_imagenet_forms(tmp_path, capsys, form):
+    from vision import data
+    root = data.write_tiny_imagenet(str(tmp_path / "data"), form=form, num_classes=3,
+                                    images_per_class=4, size=20)
+    assert _cli("--data", root, "--replicas", "cpu:2", "--image-size", "16", "--stem", "small",
+                "--blocks", "1", "--channels", "8", "--stem-channels", "4", "--batch-size", "4",
+                "--steps", "3", "--log-every", "1", "--run-dir", str(tmp_path / "run")) == 0
+    out = capsys.readouterr().out
+    assert "step 3/3" in out and "eval at step 3" in out and "(3 images)" in out

@@ -64,7 +64,8 @@ class TFRecordImageNet(_ImageNetBase):
       directory: a directory at or above the `*.tfrecord-*` shards.
       num_classes: overrides the class count read from `label.labels.txt` or
         `dataset_info.json` (needed if neither exists).
-      shuffle_buffer: records shuffled together after interleaving shuffled files.
+      shuffle_buffer: consecutive records shuffled together after interleaving the
+        files (themselves in a new random order every epoch).
       cycle_length: files read in parallel per input pipeline.
 
     Raises:
@@ -116,8 +117,7 @@ class TFRecordImageNet(_ImageNetBase):
             if not by_file:
                 dataset = dataset.shard(num_shards, index)
             if seed is not None:
-                dataset = dataset.shuffle(self._shuffle_buffer, seed=seed[0],
-                                          reshuffle_each_iteration=False)
+                dataset = _window_shuffle(dataset, self._shuffle_buffer, seed)
             return dataset.map(_parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
         def size():
@@ -204,6 +204,25 @@ class FolderImageNet(_ImageNetBase):
                                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
         return Shard(records, lambda: len(examples))
+
+
+def _window_shuffle(dataset: tf.data.Dataset, window: int, seed: tf.Tensor) -> tf.data.Dataset:
+    """Shuffles each run of `window` consecutive elements, as a pure function of `seed`.
+
+    Unlike `Dataset.shuffle`, whose order also depends on TensorFlow's global
+    seed (and which refuses a tensor seed once one is set), the order here is
+    fixed by `seed` alone: element i gets the random key U(fold_in(seed, i)).
+    """
+    def keyed(index, record):
+        key = tf.random.stateless_uniform(
+            [], tf.random.experimental.stateless_fold_in(seed, index))
+        return key, record
+
+    def sort(keys, records):
+        order = tf.argsort(keys)
+        return tf.nest.map_structure(lambda r: tf.gather(r, order), records)
+
+    return dataset.enumerate().map(keyed).batch(window).map(sort).unbatch()
 
 
 def _parse(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
