@@ -13,7 +13,8 @@ Vocabulary:
 from __future__ import annotations
 
 import abc
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import dm_env
 import numpy as np
@@ -22,74 +23,74 @@ NestedArray = Any
 
 
 class Actor(abc.ABC):
-  """Interacts with an environment: acts, observes, and refreshes its weights.
+    """Interacts with an environment: acts, observes, and refreshes its weights.
 
-  The environment loop calls, per episode:
-  `observe_first(t0)`, then repeatedly `a = select_action(obs)`, `observe(a, t_next)`,
-  `update()`.
-  """
-
-  @abc.abstractmethod
-  def select_action(self, observation: NestedArray) -> np.ndarray:
-    """Returns the action to take for `observation` (one unbatched observation)."""
-
-  @abc.abstractmethod
-  def observe_first(self, timestep: dm_env.TimeStep) -> None:
-    """Records the first timestep of an episode (no action led to it)."""
-
-  @abc.abstractmethod
-  def observe(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
-    """Records that `action` led to `next_timestep`."""
-
-  @abc.abstractmethod
-  def update(self, wait: bool = False) -> None:
-    """Refreshes the actor's weights from its variable source.
-
-    Args:
-      wait: if True, block until weights are available; otherwise keep the current
-        weights when none are available yet.
+    The environment loop calls, per episode:
+    `observe_first(t0)`, then repeatedly `a = select_action(obs)`, `observe(a, t_next)`,
+    `update()`.
     """
+
+    @abc.abstractmethod
+    def select_action(self, observation: NestedArray) -> np.ndarray:
+        """Returns the action to take for `observation` (one unbatched observation)."""
+
+    @abc.abstractmethod
+    def observe_first(self, timestep: dm_env.TimeStep) -> None:
+        """Records the first timestep of an episode (no action led to it)."""
+
+    @abc.abstractmethod
+    def observe(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
+        """Records that `action` led to `next_timestep`."""
+
+    @abc.abstractmethod
+    def update(self, wait: bool = False) -> None:
+        """Refreshes the actor's weights from its variable source.
+
+        Args:
+          wait: if True, block until weights are available; otherwise keep the current
+            weights when none are available yet.
+        """
 
 
 class VariableSource(abc.ABC):
-  """Something that can hand out the current values of named groups of variables."""
+    """Something that can hand out the current values of named groups of variables."""
 
-  @abc.abstractmethod
-  def get_variables(self, names: Sequence[str]) -> list[list[np.ndarray]]:
-    """Returns, for each name in `names`, the list of that group's arrays (numpy)."""
+    @abc.abstractmethod
+    def get_variables(self, names: Sequence[str]) -> list[list[np.ndarray]]:
+        """Returns, for each name in `names`, the list of that group's arrays (numpy)."""
 
 
 class Saveable(abc.ABC):
-  """A component whose state can be written to disk and read back."""
+    """A component whose state can be written to disk and read back."""
 
-  @abc.abstractmethod
-  def save(self) -> str | None:
-    """Writes the state; returns where it was written (None if nowhere configured)."""
+    @abc.abstractmethod
+    def save(self) -> str | None:
+        """Writes the state; returns where it was written (None if nowhere configured)."""
 
-  @abc.abstractmethod
-  def restore(self) -> bool:
-    """Reads the latest saved state if any; returns whether something was restored."""
+    @abc.abstractmethod
+    def restore(self) -> bool:
+        """Reads the latest saved state if any; returns whether something was restored."""
 
 
 class Learner(VariableSource, Saveable):
-  """Updates parameters from replayed experience, one `step()` at a time."""
+    """Updates parameters from replayed experience, one `step()` at a time."""
 
-  @abc.abstractmethod
-  def step(self) -> dict[str, float]:
-    """Performs one update and returns its (already reduced) metrics."""
+    @abc.abstractmethod
+    def step(self) -> dict[str, float]:
+        """Performs one update and returns its (already reduced) metrics."""
 
 
 class Adder(abc.ABC):
-  """Writes the experience of one actor into replay, episode by episode."""
+    """Writes the experience of one actor into replay, episode by episode."""
 
-  @abc.abstractmethod
-  def add_first(self, timestep: dm_env.TimeStep) -> None:
-    """Starts an episode with its first timestep."""
+    @abc.abstractmethod
+    def add_first(self, timestep: dm_env.TimeStep) -> None:
+        """Starts an episode with its first timestep."""
 
-  @abc.abstractmethod
-  def add(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
-    """Records a transition; on `next_timestep.last()` finishes the episode."""
+    @abc.abstractmethod
+    def add(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
+        """Records a transition; on `next_timestep.last()` finishes the episode."""
 
-  @abc.abstractmethod
-  def reset(self) -> None:
-    """Drops the episode in progress (nothing partial is written)."""
+    @abc.abstractmethod
+    def reset(self) -> None:
+        """Drops the episode in progress (nothing partial is written)."""

@@ -16,17 +16,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def free_port() -> int:
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def child_env() -> dict:
-  env = dict(os.environ)
-  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  env.setdefault("MUJOCO_GL", "egl")
-  return env
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("MUJOCO_GL", "egl")
+    return env
 
 
 _SERVE = r"""
@@ -47,62 +47,68 @@ server.stop()
 
 
 class ReplayServerProcess:
-  """A D4PG replay server in a child process (so its memory and CPU are its own)."""
+    """A D4PG replay server in a child process (so its memory and CPU are its own)."""
 
-  def __init__(self, config, env_name: str):
-    self.port = free_port()
-    self.process = subprocess.Popen(
-        [sys.executable, "-c", _SERVE, config.to_json(), env_name, str(self.port)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        env=child_env(), text=True)
-    deadline = time.time() + 180
-    while time.time() < deadline:
-      line = self.process.stdout.readline()
-      if line.strip() == "READY":
-        break
-      if not line and self.process.poll() is not None:
-        raise RuntimeError("replay server process exited before it was ready")
-    else:
-      self.close()
-      raise RuntimeError("replay server process did not start within 180 s")
-    self.address = f"localhost:{self.port}"
+    def __init__(self, config, env_name: str):
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _SERVE, config.to_json(), env_name, str(self.port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=child_env(),
+            text=True,
+        )
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            line = self.process.stdout.readline()
+            if line.strip() == "READY":
+                break
+            if not line and self.process.poll() is not None:
+                raise RuntimeError("replay server process exited before it was ready")
+        else:
+            self.close()
+            raise RuntimeError("replay server process did not start within 180 s")
+        self.address = f"localhost:{self.port}"
 
-  def rss_bytes(self) -> int:
-    with open(f"/proc/{self.process.pid}/status") as f:
-      for line in f:
-        if line.startswith("VmRSS:"):
-          return int(line.split()[1]) * 1024
-    raise RuntimeError("VmRSS not found")
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError("VmRSS not found")
 
-  def close(self) -> None:
-    if self.process.poll() is None:
-      try:
-        self.process.stdin.close()
-        self.process.wait(timeout=30)
-      except Exception:  # pylint: disable=broad-except
-        self.process.kill()
-        self.process.wait(timeout=30)
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.close()
+                self.process.wait(timeout=30)
+            except Exception:  # pylint: disable=broad-except
+                self.process.kill()
+                self.process.wait(timeout=30)
 
-  def __enter__(self):
-    return self
+    def __enter__(self):
+        return self
 
-  def __exit__(self, *exc):
-    self.close()
+    def __exit__(self, *exc):
+        self.close()
 
 
 def machine_note() -> dict:
-  load = os.getloadavg()
-  return {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-          "load_average_1_5_15": [round(x, 2) for x in load],
-          "note": "2-core machine shared with other engineers' TensorFlow jobs; timings are "
-                  "noisy (see load average)."}
+    load = os.getloadavg()
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average_1_5_15": [round(x, 2) for x in load],
+        "note": "2-core machine shared with other engineers' TensorFlow jobs; timings are "
+        "noisy (see load average).",
+    }
 
 
 def write_result(name: str, result: dict) -> Path:
-  RESULTS.mkdir(parents=True, exist_ok=True)
-  path = RESULTS / f"{name}.json"
-  result = {**result, "machine": machine_note(),
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
-  path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-  print(f"wrote {path}")
-  return path
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    result = {**result, "machine": machine_note(), "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {path}")
+    return path

@@ -55,8 +55,14 @@ print(json.dumps({"spec": spec, "step_seconds": elapsed / steps, "examples_per_s
 
 def measure(spec: str, batch: int, steps: int, width: int) -> dict:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", CHILD, spec, str(batch), str(steps), str(width)],
-                         capture_output=True, text=True, env=env, timeout=900, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, spec, str(batch), str(steps), str(width)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -73,8 +79,11 @@ def main() -> None:
             result = measure(spec, args.batch, args.steps, args.width)
             if spec not in best or result["step_seconds"] < best[spec]["step_seconds"]:
                 best[spec] = result
-            print(f"round {round_index + 1}: {spec:6s} {result['step_seconds'] * 1e3:8.2f} ms/step "
-                  f"{result['examples_per_second']:9.0f} examples/s", flush=True)
+            print(
+                f"round {round_index + 1}: {spec:6s} {result['step_seconds'] * 1e3:8.2f} ms/step "
+                f"{result['examples_per_second']:9.0f} examples/s",
+                flush=True,
+            )
     base = best["cpu"]["step_seconds"]
     summary = {
         "benchmark": "replication_overhead",

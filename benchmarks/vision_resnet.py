@@ -50,8 +50,14 @@ from vision import classification  # noqa: E402
 
 NUM_CLASSES = 1000
 LABEL_SMOOTHING, WEIGHT_DECAY, LEARNING_RATE, MOMENTUM = 0.1, 1e-4, 0.1, 0.9
-CONFIGS = ("ours_float32", "keras_float32", "ours_v1_float32", "ours_bfloat16",
-           "keras_mixed_bfloat16", "ours_float32_cpu2")
+CONFIGS = (
+    "ours_float32",
+    "keras_float32",
+    "ours_v1_float32",
+    "ours_bfloat16",
+    "keras_mixed_bfloat16",
+    "ours_float32_cpu2",
+)
 
 
 def _batch(batch_size: int, image_size: int):
@@ -64,10 +70,17 @@ def _batch(batch_size: int, image_size: int):
 def ours(repl, precision: str, batch_size: int, image_size: int, stride_in_1x1: bool = False):
     """A `() -> loss` training step of our ResNet-50 on `repl`."""
     config = classification.ClassificationConfig(
-        batch_size=batch_size, steps=1_000_000, precision=precision, stem="imagenet",
+        batch_size=batch_size,
+        steps=1_000_000,
+        precision=precision,
+        stem="imagenet",
         stride_in_1x1=stride_in_1x1,
-        base_learning_rate=LEARNING_RATE * 256 / batch_size, warmup_steps=0,
-        label_smoothing=LABEL_SMOOTHING, weight_decay=WEIGHT_DECAY, momentum=MOMENTUM)
+        base_learning_rate=LEARNING_RATE * 256 / batch_size,
+        warmup_steps=0,
+        label_smoothing=LABEL_SMOOTHING,
+        weight_decay=WEIGHT_DECAY,
+        momentum=MOMENTUM,
+    )
     classifier = classification.Classifier(config, repl, NUM_CLASSES, image_size)
     images, labels = _batch(batch_size, image_size)
 
@@ -86,13 +99,17 @@ def keras(mixed: bool, batch_size: int, image_size: int):
     tf.keras.mixed_precision.set_global_policy("mixed_bfloat16" if mixed else "float32")
     try:
         model = tf.keras.applications.ResNet50(
-            weights=None, input_shape=(image_size, image_size, 3), classes=NUM_CLASSES,
-            classifier_activation=None)
+            weights=None,
+            input_shape=(image_size, image_size, 3),
+            classes=NUM_CLASSES,
+            classifier_activation=None,
+        )
     finally:
         tf.keras.mixed_precision.set_global_policy(policy)
     optimizer = tf.keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
-    loss_fn = tf.keras.losses.CategoricalCrossentropy(from_logits=True,
-                                                      label_smoothing=LABEL_SMOOTHING)
+    loss_fn = tf.keras.losses.CategoricalCrossentropy(
+        from_logits=True, label_smoothing=LABEL_SMOOTHING
+    )
     kernels = {v.ref() for v in model.trainable_variables if v.shape.rank > 1}
     images, labels = (tf.constant(a) for a in _batch(batch_size, image_size))
     targets = tf.one_hot(labels, NUM_CLASSES)
@@ -104,8 +121,10 @@ def keras(mixed: bool, batch_size: int, image_size: int):
             loss = loss_fn(targets, logits)
         parameters = model.trainable_variables
         gradients = tape.gradient(loss, parameters)
-        gradients = [g + WEIGHT_DECAY * w if w.ref() in kernels else g  # as ours does
-                     for g, w in zip(gradients, parameters)]
+        gradients = [
+            g + WEIGHT_DECAY * w if w.ref() in kernels else g  # as ours does
+            for g, w in zip(gradients, parameters)
+        ]
         optimizer.apply_gradients(zip(gradients, parameters))
         return loss
 
@@ -135,8 +154,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps-per-round", type=int, default=2)
     parser.add_argument("--only", default=",".join(CONFIGS))
-    parser.add_argument("--out",
-                        default=str(ROOT / "benchmarks" / "results" / "vision_resnet.json"))
+    parser.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "results" / "vision_resnet.json")
+    )
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
 
@@ -159,40 +179,54 @@ def main() -> None:
             images = args.batch_size * args.steps_per_round
             wall[name].append(images / (time.perf_counter() - wall_start))
             cpu[name].append(images / (time.process_time() - cpu_start))
-        print(f"round {round_index + 1}: " + "  ".join(
-            f"{n} {wall[n][-1]:.2f}" for n in names) + "  (images/s)", flush=True)
+        print(
+            f"round {round_index + 1}: "
+            + "  ".join(f"{n} {wall[n][-1]:.2f}" for n in names)
+            + "  (images/s)",
+            flush=True,
+        )
 
     def ratio(a: str, b: str):
         if a not in wall or b not in wall:
             return None
-        return {"wall_median": statistics.median(x / y for x, y in zip(wall[a], wall[b])),
-                "cpu_time_median": statistics.median(x / y for x, y in zip(cpu[a], cpu[b]))}
+        return {
+            "wall_median": statistics.median(x / y for x, y in zip(wall[a], wall[b])),
+            "cpu_time_median": statistics.median(x / y for x, y in zip(cpu[a], cpu[b])),
+        }
 
     result = {
         "benchmark": "vision_resnet",
         "model": f"ResNet-50, {args.image_size}x{args.image_size}, {NUM_CLASSES} classes, "
-                 f"global batch {args.batch_size}, SGD momentum, label smoothing, L2",
+        f"global batch {args.batch_size}, SGD momentum, label smoothing, L2",
         "command": " ".join([".venv/bin/python", "benchmarks/vision_resnet.py", *sys.argv[1:]]),
-        "rounds": args.rounds, "steps_per_round": args.steps_per_round,
-        "images_per_second_wall": {n: {"median": statistics.median(v), "max": max(v), "all": v}
-                                   for n, v in wall.items()},
+        "rounds": args.rounds,
+        "steps_per_round": args.steps_per_round,
+        "images_per_second_wall": {
+            n: {"median": statistics.median(v), "max": max(v), "all": v} for n, v in wall.items()
+        },
         "images_per_cpu_second": {n: statistics.median(v) for n, v in cpu.items()},
         "build_and_first_step_seconds": compile_seconds,
         "ratios": {
             "ours_over_keras_float32": ratio("ours_float32", "keras_float32"),
-            "ours_v1_over_keras_float32_same_architecture": ratio("ours_v1_float32",
-                                                                  "keras_float32"),
+            "ours_v1_over_keras_float32_same_architecture": ratio(
+                "ours_v1_float32", "keras_float32"
+            ),
             "ours_bfloat16_over_ours_float32": ratio("ours_bfloat16", "ours_float32"),
             "keras_bfloat16_over_keras_float32": ratio("keras_mixed_bfloat16", "keras_float32"),
             "ours_bfloat16_over_keras_bfloat16": ratio("ours_bfloat16", "keras_mixed_bfloat16"),
             "cpu2_over_cpu_float32": ratio("ours_float32_cpu2", "ours_float32"),
         },
-        "targets": {"ours_over_keras_float32": ">= 1.0",
-                    "ours_bfloat16_over_ours_float32": ">= 1.8"},
-        "machine": {"cores": os.cpu_count(), "platform": platform.platform(),
-                    "tensorflow": tf.__version__,
-                    "load_average_at_end": os.getloadavg()[0],
-                    "note": "2-core machine shared with other engineers' jobs: timings are noisy"},
+        "targets": {
+            "ours_over_keras_float32": ">= 1.0",
+            "ours_bfloat16_over_ours_float32": ">= 1.8",
+        },
+        "machine": {
+            "cores": os.cpu_count(),
+            "platform": platform.platform(),
+            "tensorflow": tf.__version__,
+            "load_average_at_end": os.getloadavg()[0],
+            "note": "2-core machine shared with other engineers' jobs: timings are noisy",
+        },
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ Usage: .venv/bin/python benchmarks/vision_sngan.py [--batch-sizes 64,256 --image
        --channels 16 --disc-steps 2 --rounds 7 --steps-per-round 5]
 Writes benchmarks/results/vision_sngan.json.
 """
+
 import argparse
 import json
 import os
@@ -29,8 +30,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import replication  # noqa: E402
 
-REPLICATORS = {"cpu:2": replication.make("cpu:2"),  # logical devices before TF starts
-               "cpu": replication.make("cpu")}
+REPLICATORS = {
+    "cpu:2": replication.make("cpu:2"),  # logical devices before TF starts
+    "cpu": replication.make("cpu"),
+}
 
 import tensorflow as tf  # noqa: E402
 
@@ -41,9 +44,13 @@ def build(repl, batch_size, args):
     """A `() -> None` SN-GAN training step on `repl` (fetches the losses, so it is finished)."""
     tf.random.set_seed(0)
     config = sngan_learner.SNGANConfig(
-        image_size=args.image_size, channels=1, g_base_channels=args.channels,
-        d_base_channels=args.channels, global_batch_size=batch_size,
-        disc_steps=args.disc_steps)
+        image_size=args.image_size,
+        channels=1,
+        g_base_channels=args.channels,
+        d_base_channels=args.channels,
+        global_batch_size=batch_size,
+        disc_steps=args.disc_steps,
+    )
     learner = sngan_learner.SNGANLearner(config, repl)
     source = gan_data.load_digits(args.image_size, "train")
     iterator = iter(repl.distribute(gan_data.make_input_fn(source, learner.per_replica_batch_size)))
@@ -78,38 +85,56 @@ def main() -> int:
             for _ in range(args.steps_per_round):
                 step()
             elapsed = time.perf_counter() - start
-            wall[(spec, batch)].append(
-                args.steps_per_round * batch * args.disc_steps / elapsed)
+            wall[(spec, batch)].append(args.steps_per_round * batch * args.disc_steps / elapsed)
             cpu[(spec, batch)].append((time.process_time() - cpu_start) / args.steps_per_round)
         for batch in batch_sizes:
             ratios[batch].append(wall[("cpu:2", batch)][-1] / wall[("cpu", batch)][-1])
-        print(f"round {round_index + 1}/{args.rounds}: " + "  ".join(
-            f"[{spec} batch {batch}] {wall[(spec, batch)][-1]:6.1f} images/s"
-            for spec, batch in steps), flush=True)
+        print(
+            f"round {round_index + 1}/{args.rounds}: "
+            + "  ".join(
+                f"[{spec} batch {batch}] {wall[(spec, batch)][-1]:6.1f} images/s"
+                for spec, batch in steps
+            ),
+            flush=True,
+        )
 
     def by_batch(values, summary=statistics.median):
-        return {str(batch): {spec: summary(values[(spec, batch)]) if summary else
-                             values[(spec, batch)] for spec in REPLICATORS}
-                for batch in batch_sizes}
+        return {
+            str(batch): {
+                spec: summary(values[(spec, batch)]) if summary else values[(spec, batch)]
+                for spec in REPLICATORS
+            }
+            for batch in batch_sizes
+        }
 
     result = {
         "benchmark": "vision_sngan",
         "what": "SN-GAN training-step throughput (real images/s), cpu:2 over cpu, same global "
-                "batch; median of per-round ratios",
+        "batch; median of per-round ratios",
         "command": "python benchmarks/vision_sngan.py " + " ".join(sys.argv[1:]),
-        "config": {"image_size": args.image_size, "channels": 1, "data": "digits",
-                   "g_base_channels": args.channels, "d_base_channels": args.channels,
-                   "global_batch_sizes": batch_sizes, "disc_steps": args.disc_steps,
-                   "rounds": args.rounds, "steps_per_round": args.steps_per_round},
+        "config": {
+            "image_size": args.image_size,
+            "channels": 1,
+            "data": "digits",
+            "g_base_channels": args.channels,
+            "d_base_channels": args.channels,
+            "global_batch_sizes": batch_sizes,
+            "disc_steps": args.disc_steps,
+            "rounds": args.rounds,
+            "steps_per_round": args.steps_per_round,
+        },
         "images_per_second_median": by_batch(wall),
         "images_per_second_rounds": by_batch(wall, None),
         "cpu_seconds_per_step_median": by_batch(cpu),
         "ratio_cpu2_over_cpu_median": {str(b): statistics.median(r) for b, r in ratios.items()},
         "ratio_cpu2_over_cpu_rounds": {str(b): r for b, r in ratios.items()},
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "load_average_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()],
-                    "note": "2-core machine shared with other engineers' TensorFlow jobs; "
-                            "timings are noisy (see load average)."},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()],
+            "note": "2-core machine shared with other engineers' TensorFlow jobs; "
+            "timings are noisy (see load average).",
+        },
         "date": time.strftime("%Y-%m-%d"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -117,9 +142,11 @@ def main() -> int:
         json.dump(result, f, indent=2, sort_keys=True)
         f.write("\n")
     for batch in batch_sizes:
-        print(f"global batch {batch}: cpu:2 / cpu images/s = "
-              f"{result['ratio_cpu2_over_cpu_median'][str(batch)]:.3f} "
-              f"(median of {args.rounds} rounds)")
+        print(
+            f"global batch {batch}: cpu:2 / cpu images/s = "
+            f"{result['ratio_cpu2_over_cpu_median'][str(batch)]:.3f} "
+            f"(median of {args.rounds} rounds)"
+        )
     print(f"wrote {args.out}")
     return 0
 

@@ -10,6 +10,7 @@ Two measurements, because on a loaded machine the first is noisy:
     timestep, so only wrapper time is measured (microseconds per step);
     estimated ratio = raw step time / (raw step time + wrapper time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,11 @@ def measure(name: str = "cartpole:swingup", steps: int = 2000, rounds: int = 10)
     for _ in range(rounds):
         replay_time = min(replay_time, _seconds_per_step(replay, canonical))
         isolated_time = min(isolated_time, _seconds_per_step(isolated, canonical))
-    return {"raw": raw_time, "wrapped": wrapped_time,
-            "wrappers_only": max(isolated_time - replay_time, 0.0)}
+    return {
+        "raw": raw_time,
+        "wrapped": wrapped_time,
+        "wrappers_only": max(isolated_time - replay_time, 0.0),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,12 +80,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args(argv)
     t = measure(args.task, args.steps, args.rounds)
-    print(f"{args.task}, best of {args.rounds} rounds of {args.steps} steps:\n"
-          f"  end to end: raw {1 / t['raw']:.0f} steps/s ({t['raw'] * 1e6:.1f} us), "
-          f"make() {1 / t['wrapped']:.0f} steps/s ({t['wrapped'] * 1e6:.1f} us), "
-          f"ratio {t['raw'] / t['wrapped']:.3f}\n"
-          f"  isolated: wrappers add {t['wrappers_only'] * 1e6:.2f} us/step, "
-          f"estimated ratio {t['raw'] / (t['raw'] + t['wrappers_only']):.3f}")
+    print(
+        f"{args.task}, best of {args.rounds} rounds of {args.steps} steps:\n"
+        f"  end to end: raw {1 / t['raw']:.0f} steps/s ({t['raw'] * 1e6:.1f} us), "
+        f"make() {1 / t['wrapped']:.0f} steps/s ({t['wrapped'] * 1e6:.1f} us), "
+        f"ratio {t['raw'] / t['wrapped']:.3f}\n"
+        f"  isolated: wrappers add {t['wrappers_only'] * 1e6:.2f} us/step, "
+        f"estimated ratio {t['raw'] / (t['raw'] + t['wrappers_only']):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Example:
 >>> spec.observations.shape, spec.actions.shape
 ((5,), (1,))
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,8 +57,8 @@ def make_environment_spec(environment: dm_env.Environment) -> EnvironmentSpec:
         An `EnvironmentSpec` holding the environment's four specs.
     """
     return EnvironmentSpec(
-            observations=environment.observation_spec(),
-            actions=environment.action_spec(),
-            rewards=environment.reward_spec(),
-            discounts=environment.discount_spec(),
+        observations=environment.observation_spec(),
+        actions=environment.action_spec(),
+        rewards=environment.reward_spec(),
+        discounts=environment.discount_spec(),
     )

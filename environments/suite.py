@@ -9,6 +9,7 @@ Example:
 >>> env.action_spec().minimum, env.action_spec().maximum
 (array(-1., dtype=float32), array(1., dtype=float32))
 """
+
 from __future__ import annotations
 
 import difflib
@@ -46,6 +47,7 @@ def _dm_suite() -> ModuleType:
     global _render_import_error
     try:
         from dm_control import suite
+
         return suite
     except Exception as e:  # The GL backends fail with ImportError, AttributeError, ...
         first_error = e
@@ -62,9 +64,12 @@ def _dm_suite() -> ModuleType:
             else:
                 os.environ[key] = value
     _render_import_error = first_error
-    _log.warning("dm-control could not load its OpenGL backend (MUJOCO_GL=%s: %s); "
-                 "feature observations work, pixel observations will raise.",
-                 saved["MUJOCO_GL"], first_error)
+    _log.warning(
+        "dm-control could not load its OpenGL backend (MUJOCO_GL=%s: %s); "
+        "feature observations work, pixel observations will raise.",
+        saved["MUJOCO_GL"],
+        first_error,
+    )
     return suite
 
 
@@ -95,12 +100,22 @@ def parse_task_name(name: str) -> tuple[str, str]:
     hint = f" Did you mean: {', '.join(close[:8])}?" if close else ""
     raise UnknownTaskError(
         f"{problem}{hint} Run `replicator list-tasks` or call "
-        f"environments.list_tasks() to see all {len(tasks)} tasks.")
+        f"environments.list_tasks() to see all {len(tasks)} tasks."
+    )
 
 
-def make(name: str, *, seed: int | None = 0, from_pixels: bool = False, height: int = 84,
-         width: int = 84, camera_id: int = 0, frame_stack: int = 1, action_repeat: int = 1,
-         time_limit: float | None = None) -> dm_env.Environment:
+def make(
+    name: str,
+    *,
+    seed: int | None = 0,
+    from_pixels: bool = False,
+    height: int = 84,
+    width: int = 84,
+    camera_id: int = 0,
+    frame_stack: int = 1,
+    action_repeat: int = 1,
+    time_limit: float | None = None,
+) -> dm_env.Environment:
     """Builds a dm-control suite task with the observation and action conventions agents use.
 
     Observations are one flat float32 vector of the task's features (dict order), or, with
@@ -138,8 +153,10 @@ def make(name: str, *, seed: int | None = 0, from_pixels: bool = False, height: 
     if frame_stack < 1:
         raise ValueError(f"frame_stack must be >= 1, got {frame_stack}.")
     if frame_stack != 1 and not from_pixels:
-        raise ValueError("frame_stack applies to pixel observations; pass from_pixels=True "
-                         "or leave frame_stack=1.")
+        raise ValueError(
+            "frame_stack applies to pixel observations; pass from_pixels=True "
+            "or leave frame_stack=1."
+        )
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit}.")
 
@@ -155,8 +172,9 @@ def make(name: str, *, seed: int | None = 0, from_pixels: bool = False, height: 
     if action_repeat > 1:
         env = wrappers.ActionRepeat(env, action_repeat)
     if from_pixels:
-        env = wrappers.PixelObservation(env, height=height, width=width, camera_id=camera_id,
-                                        frame_stack=frame_stack)
+        env = wrappers.PixelObservation(
+            env, height=height, width=width, camera_id=camera_id, frame_stack=frame_stack
+        )
     else:
         env = wrappers.FlattenFeatures(env)
     return wrappers.CanonicalActions(env)

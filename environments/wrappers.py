@@ -12,6 +12,7 @@ change, including attribute access (`env.physics` reaches the dm-control physics
 An actor calls `step` millions of times, so wrappers precompute everything derived from
 specs in their constructor and do a handful of numpy calls per step; none copies a dict.
 """
+
 from __future__ import annotations
 
 import collections
@@ -129,7 +130,8 @@ class _ObservationWrapper(Wrapper):
 
     _REWARD_SPEC = specs.Array(shape=(), dtype=np.float32, name="reward")
     _DISCOUNT_SPEC = specs.BoundedArray(
-        shape=(), dtype=np.float32, minimum=0.0, maximum=1.0, name="discount")
+        shape=(), dtype=np.float32, minimum=0.0, maximum=1.0, name="discount"
+    )
 
     def reward_spec(self) -> specs.Array:
         return self._REWARD_SPEC
@@ -199,8 +201,15 @@ class PixelObservation(_ObservationWrapper):
       RenderingUnavailableError: (in the constructor) if no OpenGL backend can render.
     """
 
-    def __init__(self, environment: dm_env.Environment, *, height: int = 84, width: int = 84,
-                 camera_id: int = 0, frame_stack: int = 1):
+    def __init__(
+        self,
+        environment: dm_env.Environment,
+        *,
+        height: int = 84,
+        width: int = 84,
+        camera_id: int = 0,
+        frame_stack: int = 1,
+    ):
         super().__init__(environment)
         if height < 1 or width < 1:
             raise ValueError(f"height and width must be positive, got {height}x{width}.")
@@ -211,14 +220,19 @@ class PixelObservation(_ObservationWrapper):
         if not -1 <= camera_id < num_cameras:
             raise ValueError(
                 f"camera_id={camera_id} is out of range: this task has {num_cameras} cameras "
-                f"(ids 0..{num_cameras - 1}; -1 is the free camera).")
+                f"(ids 0..{num_cameras - 1}; -1 is the free camera)."
+            )
         self._render = physics.render
         self._render_kwargs = dict(height=height, width=width, camera_id=camera_id)
         self._frame_stack = frame_stack
         self._frames: collections.deque[np.ndarray] = collections.deque(maxlen=frame_stack)
         self._spec = specs.BoundedArray(
-            shape=(height, width, 3 * frame_stack), dtype=np.uint8, minimum=0, maximum=255,
-            name="pixels")
+            shape=(height, width, 3 * frame_stack),
+            dtype=np.uint8,
+            minimum=0,
+            maximum=255,
+            name="pixels",
+        )
         try:  # Fail here, with instructions, rather than on the first reset of an actor.
             self._render(**self._render_kwargs)
         except Exception as e:  # dm-control raises RuntimeError, ImportError, GL errors.
@@ -257,9 +271,12 @@ def canonical_action_mapping(spec: specs.BoundedArray) -> tuple[np.ndarray, np.n
     """
     minimum = np.broadcast_to(np.asarray(spec.minimum, np.float64), spec.shape)
     maximum = np.broadcast_to(np.asarray(spec.maximum, np.float64), spec.shape)
-    bounded = (np.isfinite(minimum) & np.isfinite(maximum)
-               & (np.abs(minimum) < _UNBOUNDED_MAGNITUDE)
-               & (np.abs(maximum) < _UNBOUNDED_MAGNITUDE))
+    bounded = (
+        np.isfinite(minimum)
+        & np.isfinite(maximum)
+        & (np.abs(minimum) < _UNBOUNDED_MAGNITUDE)
+        & (np.abs(maximum) < _UNBOUNDED_MAGNITUDE)
+    )
     # Unbounded dimensions become [-1, 1] first, which gives them scale 1 and offset 0.
     minimum = np.where(bounded, minimum, -1.0)
     maximum = np.where(bounded, maximum, 1.0)
@@ -293,8 +310,12 @@ class CanonicalActions(Wrapper):
         self._low = np.full(inner.shape, -1.0, np.float32)
         self._high = np.full(inner.shape, 1.0, np.float32)
         self._spec = specs.BoundedArray(
-            shape=inner.shape, dtype=np.float32, minimum=-1.0, maximum=1.0,
-            name=inner.name or "action")
+            shape=inner.shape,
+            dtype=np.float32,
+            minimum=-1.0,
+            maximum=1.0,
+            name=inner.name or "action",
+        )
 
     def action_spec(self) -> specs.BoundedArray:
         return self._spec
@@ -309,7 +330,8 @@ class CanonicalActions(Wrapper):
         if clipped is None or clipped.shape != self._shape:
             raise ValueError(
                 f"Action has shape {np.shape(action)}; this environment expects "
-                f"{self._shape} (see env.action_spec()).")
+                f"{self._shape} (see env.action_spec())."
+            )
         if self._identity:
             return clipped
         return clipped * self._scale + self._offset

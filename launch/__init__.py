@@ -11,6 +11,16 @@ from launch.run_dir import RunDir, RunDirError
 from launch.supervisor import Outcome, Supervisor
 
 __all__ = [
-    "LaunchError", "NEVER_RESTART", "Node", "NodeContext", "Outcome", "Program", "Ref",
-    "Resources", "RestartPolicy", "RunDir", "RunDirError", "Supervisor",
+    "NEVER_RESTART",
+    "LaunchError",
+    "Node",
+    "NodeContext",
+    "Outcome",
+    "Program",
+    "Ref",
+    "Resources",
+    "RestartPolicy",
+    "RunDir",
+    "RunDirError",
+    "Supervisor",
 ]

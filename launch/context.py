@@ -12,102 +12,108 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable
-
+from collections.abc import Callable
+from typing import Any
 
 Sink = Callable[[str], None]
 
 
 class NodeContext:
-  """The launcher-facing side of a running node.
+    """The launcher-facing side of a running node.
 
-  Attributes:
-    name: The node's name in its program.
-    run_dir: The run directory (absolute path).
-    attempt: 0 for the first start, then 1, 2, ... for restarts.
-    advertise_host: The host name other nodes should use to reach servers this
-      node starts (``localhost`` on one machine; the node's IP on a Ray cluster).
-  """
-
-  def __init__(self, name: str, run_dir: str, *, attempt: int = 0,
-               advertise_host: str = "localhost",
-               stop_event: threading.Event | None = None,
-               metrics_sink: Sink | None = None,
-               log_sink: Sink | None = None,
-               publish_sink: Callable[[str, Any], None] | None = None):
-    self.name = name
-    self.run_dir = run_dir
-    self.attempt = attempt
-    self.advertise_host = advertise_host
-    self._stop = stop_event or threading.Event()
-    self._metrics_sink = metrics_sink or (lambda line: None)
-    self._log_sink = log_sink or (lambda line: print(line, file=sys.stderr, flush=True))
-    self._publish_sink = publish_sink or (lambda key, value: None)
-
-  # Stopping.
-  def should_stop(self) -> bool:
-    """True once the launcher asked this node to stop; loops should check it."""
-    return self._stop.is_set()
-
-  def wait(self, seconds: float) -> bool:
-    """Sleeps up to `seconds`; returns True early if a stop was requested."""
-    return self._stop.wait(seconds)
-
-  def request_stop(self) -> None:
-    self._stop.set()
-
-  # Reporting.
-  def record(self, kind: str, **fields: Any) -> None:
-    """Sends one metrics record (JSON) to the launcher.
-
-    Counters are sent as *increments* (e.g. ``steps=1000`` since the last record)
-    so totals survive node restarts: the launcher just adds them up.
+    Attributes:
+      name: The node's name in its program.
+      run_dir: The run directory (absolute path).
+      attempt: 0 for the first start, then 1, 2, ... for restarts.
+      advertise_host: The host name other nodes should use to reach servers this
+        node starts (``localhost`` on one machine; the node's IP on a Ray cluster).
     """
-    record = {"t": time.time(), "node": self.name, "kind": kind, **fields}
-    self._metrics_sink(json.dumps(record, default=_jsonable))
 
-  def count(self, **increments: float) -> None:
-    """Adds to run-wide counters, e.g. ``ctx.count(actor_steps=1000, episodes=1)``."""
-    self.record("count", **increments)
+    def __init__(
+        self,
+        name: str,
+        run_dir: str,
+        *,
+        attempt: int = 0,
+        advertise_host: str = "localhost",
+        stop_event: threading.Event | None = None,
+        metrics_sink: Sink | None = None,
+        log_sink: Sink | None = None,
+        publish_sink: Callable[[str, Any], None] | None = None,
+    ):
+        self.name = name
+        self.run_dir = run_dir
+        self.attempt = attempt
+        self.advertise_host = advertise_host
+        self._stop = stop_event or threading.Event()
+        self._metrics_sink = metrics_sink or (lambda line: None)
+        self._log_sink = log_sink or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._publish_sink = publish_sink or (lambda key, value: None)
 
-  def gauge(self, **values: Any) -> None:
-    """Sets run-wide values, e.g. ``ctx.gauge(learner_steps=500)``."""
-    self.record("gauge", **values)
+    # Stopping.
+    def should_stop(self) -> bool:
+        """True once the launcher asked this node to stop; loops should check it."""
+        return self._stop.is_set()
 
-  def log(self, message: str) -> None:
-    """A human-readable line for this node's log."""
-    stamp = time.strftime("%H:%M:%S")
-    self._log_sink(f"{stamp} [{self.name}] {message}")
+    def wait(self, seconds: float) -> bool:
+        """Sleeps up to `seconds`; returns True early if a stop was requested."""
+        return self._stop.wait(seconds)
 
-  def publish(self, key: str, value: Any) -> None:
-    """Makes `value` (JSON data) available to nodes whose kwargs hold `Ref(key)`."""
-    json.dumps(value)
-    self._publish_sink(key, value)
+    def request_stop(self) -> None:
+        self._stop.set()
 
-  def path(self, *parts: str) -> str:
-    """A path inside the run directory, its parent directories created."""
-    p = os.path.join(self.run_dir, *parts)
-    os.makedirs(os.path.dirname(p), exist_ok=True)
-    return p
+    # Reporting.
+    def record(self, kind: str, **fields: Any) -> None:
+        """Sends one metrics record (JSON) to the launcher.
+
+        Counters are sent as *increments* (e.g. ``steps=1000`` since the last record)
+        so totals survive node restarts: the launcher just adds them up.
+        """
+        record = {"t": time.time(), "node": self.name, "kind": kind, **fields}
+        self._metrics_sink(json.dumps(record, default=_jsonable))
+
+    def count(self, **increments: float) -> None:
+        """Adds to run-wide counters, e.g. ``ctx.count(actor_steps=1000, episodes=1)``."""
+        self.record("count", **increments)
+
+    def gauge(self, **values: Any) -> None:
+        """Sets run-wide values, e.g. ``ctx.gauge(learner_steps=500)``."""
+        self.record("gauge", **values)
+
+    def log(self, message: str) -> None:
+        """A human-readable line for this node's log."""
+        stamp = time.strftime("%H:%M:%S")
+        self._log_sink(f"{stamp} [{self.name}] {message}")
+
+    def publish(self, key: str, value: Any) -> None:
+        """Makes `value` (JSON data) available to nodes whose kwargs hold `Ref(key)`."""
+        json.dumps(value)
+        self._publish_sink(key, value)
+
+    def path(self, *parts: str) -> str:
+        """A path inside the run directory, its parent directories created."""
+        p = os.path.join(self.run_dir, *parts)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        return p
 
 
 def _jsonable(value: Any) -> Any:
-  # numpy scalars and arrays: turn into plain numbers/lists without importing numpy.
-  if hasattr(value, "tolist"):
-    return value.tolist()
-  if hasattr(value, "item"):
-    return value.item()
-  return str(value)
+    # numpy scalars and arrays: turn into plain numbers/lists without importing numpy.
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
 
 
 class FileSink:
-  """Appends lines to a file, one write per line (safe for one writer at a time)."""
+    """Appends lines to a file, one write per line (safe for one writer at a time)."""
 
-  def __init__(self, path: str):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    self._path = path
-    self._lock = threading.Lock()
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._path = path
+        self._lock = threading.Lock()
 
-  def __call__(self, line: str) -> None:
-    with self._lock, open(self._path, "a", encoding="utf-8") as f:
-      f.write(line.rstrip("\n") + "\n")
+    def __call__(self, line: str) -> None:
+        with self._lock, open(self._path, "a", encoding="utf-8") as f:
+            f.write(line.rstrip("\n") + "\n")

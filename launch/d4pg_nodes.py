@@ -17,174 +17,223 @@ from __future__ import annotations
 import time
 from typing import Any
 
-
 REPLAY_ADDRESS = "replay_address"
 _CHECKPOINTS = "checkpoints"
 
 
 def _config(config: dict[str, Any]):
-  from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
-  return D4PGConfig.from_dict(config)
+    from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
+
+    return D4PGConfig.from_dict(config)
 
 
 def _environment(config, task: str, seed: int):
-  import environments  # pylint: disable=import-outside-toplevel
-  from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
-  env = builder.make_environment(config, task, seed=seed)
-  return env, environments.make_environment_spec(env)
+    import environments  # pylint: disable=import-outside-toplevel
+    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+
+    env = builder.make_environment(config, task, seed=seed)
+    return env, environments.make_environment_spec(env)
 
 
-def replay(ctx, *, task: str, config: dict, port: int | None = None,
-           checkpoint_every_s: float = 600.0, report_every_s: float = 5.0) -> None:
-  """Serves the "replay" and "params" tables; checkpoints periodically and on stop.
+def replay(
+    ctx,
+    *,
+    task: str,
+    config: dict,
+    port: int | None = None,
+    checkpoint_every_s: float = 600.0,
+    report_every_s: float = 5.0,
+) -> None:
+    """Serves the "replay" and "params" tables; checkpoints periodically and on stop.
 
-  Starting with an existing checkpoint in RUN_DIR/checkpoints/replay restores it.
-  """
-  import reverb  # pylint: disable=import-outside-toplevel
-  from agents.d4pg import builder, replay as replay_lib  # pylint: disable=import-outside-toplevel
-  cfg = _config(config)
-  _, spec = _environment(cfg, task, seed=cfg.seed)
-  directory = ctx.path(_CHECKPOINTS, "replay", "")
-  server = builder.make_replay_server(cfg, spec, port=port or None, checkpoint_dir=directory)
-  client = reverb.Client(f"localhost:{server.port}")
-  size = replay_lib.table_size(client)
-  ctx.log(f"serving on port {server.port} (all interfaces: a Reverb 0.14 limitation); "
-          f"{size} transitions restored from {directory}")
-  ctx.gauge(replay_size=size)
-  ctx.publish(REPLAY_ADDRESS, f"{ctx.advertise_host}:{server.port}")
-  last_checkpoint = time.monotonic()
-  try:
-    while not ctx.wait(report_every_s):
-      ctx.gauge(replay_size=replay_lib.table_size(client))
-      if time.monotonic() - last_checkpoint >= checkpoint_every_s:
-        path = client.checkpoint()
-        last_checkpoint = time.monotonic()
-        ctx.log(f"replay checkpoint: {path}")
-  finally:
+    Starting with an existing checkpoint in RUN_DIR/checkpoints/replay restores it.
+    """
+    import reverb  # pylint: disable=import-outside-toplevel
+
+    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+    from agents.d4pg import replay as replay_lib
+
+    cfg = _config(config)
+    _, spec = _environment(cfg, task, seed=cfg.seed)
+    directory = ctx.path(_CHECKPOINTS, "replay", "")
+    server = builder.make_replay_server(cfg, spec, port=port or None, checkpoint_dir=directory)
+    client = reverb.Client(f"localhost:{server.port}")
     size = replay_lib.table_size(client)
-    path = client.checkpoint()
+    ctx.log(
+        f"serving on port {server.port} (all interfaces: a Reverb 0.14 limitation); "
+        f"{size} transitions restored from {directory}"
+    )
     ctx.gauge(replay_size=size)
-    ctx.log(f"final replay checkpoint ({size} transitions): {path}")
-    server.stop()
+    ctx.publish(REPLAY_ADDRESS, f"{ctx.advertise_host}:{server.port}")
+    last_checkpoint = time.monotonic()
+    try:
+        while not ctx.wait(report_every_s):
+            ctx.gauge(replay_size=replay_lib.table_size(client))
+            if time.monotonic() - last_checkpoint >= checkpoint_every_s:
+                path = client.checkpoint()
+                last_checkpoint = time.monotonic()
+                ctx.log(f"replay checkpoint: {path}")
+    finally:
+        size = replay_lib.table_size(client)
+        path = client.checkpoint()
+        ctx.gauge(replay_size=size)
+        ctx.log(f"final replay checkpoint ({size} transitions): {path}")
+        server.stop()
 
 
-def learner(ctx, *, task: str, config: dict, replay_address: str, replicas: str = "cpu",
-            checkpoint_every_steps: int = 1000, checkpoint_every_s: float = 300.0,
-            report_every_s: float = 5.0) -> None:
-  """Restores from RUN_DIR/checkpoints/learner if any, then updates until stopped.
+def learner(
+    ctx,
+    *,
+    task: str,
+    config: dict,
+    replay_address: str,
+    replicas: str = "cpu",
+    checkpoint_every_steps: int = 1000,
+    checkpoint_every_s: float = 300.0,
+    report_every_s: float = 5.0,
+) -> None:
+    """Restores from RUN_DIR/checkpoints/learner if any, then updates until stopped.
 
-  Weights are published to the replay server every `config.publish_period` updates
-  (by the learner itself) and checkpointed every `checkpoint_every_steps` updates or
-  `checkpoint_every_s` seconds, and on stop.
-  """
-  import replication  # pylint: disable=import-outside-toplevel
-  repl = replication.make(replicas)  # First: logical CPUs must precede any TF op.
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
-  cfg = _config(config)
-  _, spec = _environment(cfg, task, seed=cfg.seed)
-  from agents.d4pg.learning import ReplayTimeoutError  # pylint: disable=import-outside-toplevel
-  # A bounded wait for replay batches keeps the loop responsive to stop requests
-  # while the rate limiter waits for actors.
-  agent = builder.make_learner(cfg, spec, replay_address, repl,
-                               ctx.path(_CHECKPOINTS, "learner", ""),
-                               rate_limiter_timeout_ms=1000)
-  restored = agent.restore()
-  steps = agent.num_steps
-  ctx.log(f"{'restored at' if restored else 'starting from'} step {steps} "
-          f"with {repl.num_replicas} replica(s) ({replicas}); replay at {replay_address}")
-  ctx.gauge(learner_steps=steps)
-  writer = tf.summary.create_file_writer(ctx.path("tensorboard", "learner", ""))
-  last_report = last_save = time.monotonic()
-  steps_at_report = steps_at_save = steps
-  metrics: dict[str, float] = {}
-  try:
-    while not ctx.should_stop():
-      try:
-        metrics = agent.step()
-      except ReplayTimeoutError:
-        continue  # Waiting for actors (or for min_replay_size); check for a stop.
-      steps = agent.num_steps
-      now = time.monotonic()
-      if now - last_report >= report_every_s:
-        rate = (steps - steps_at_report) / (now - last_report)
-        ctx.gauge(learner_steps=steps)
-        ctx.record("learner", learner_steps=steps, steps_per_s=rate, **metrics)
-        with writer.as_default(step=steps):
-          for name, value in metrics.items():
-            tf.summary.scalar(f"learner/{name}", value)
-          tf.summary.scalar("learner/steps_per_second", rate)
-        last_report, steps_at_report = now, steps
-      if (steps - steps_at_save >= checkpoint_every_steps or
-          now - last_save >= checkpoint_every_s):
-        agent.save()
-        last_save, steps_at_save = now, steps
-  except Exception as e:  # pylint: disable=broad-except
-    # On shutdown the replay server may stop under a blocked sample: not a crash.
-    if not ctx.should_stop() and not ctx.wait(1.0):
-      raise
-    ctx.log(f"update interrupted by shutdown ({type(e).__name__})")
-  path = agent.save()
-  ctx.gauge(learner_steps=agent.num_steps)
-  writer.flush()
-  ctx.log(f"final learner checkpoint at step {agent.num_steps}: {path}")
+    Weights are published to the replay server every `config.publish_period` updates
+    (by the learner itself) and checkpointed every `checkpoint_every_steps` updates or
+    `checkpoint_every_s` seconds, and on stop.
+    """
+    import replication  # pylint: disable=import-outside-toplevel
+
+    repl = replication.make(replicas)  # First: logical CPUs must precede any TF op.
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+
+    cfg = _config(config)
+    _, spec = _environment(cfg, task, seed=cfg.seed)
+    from agents.d4pg.learning import ReplayTimeoutError  # pylint: disable=import-outside-toplevel
+
+    # A bounded wait for replay batches keeps the loop responsive to stop requests
+    # while the rate limiter waits for actors.
+    agent = builder.make_learner(
+        cfg,
+        spec,
+        replay_address,
+        repl,
+        ctx.path(_CHECKPOINTS, "learner", ""),
+        rate_limiter_timeout_ms=1000,
+    )
+    restored = agent.restore()
+    steps = agent.num_steps
+    ctx.log(
+        f"{'restored at' if restored else 'starting from'} step {steps} "
+        f"with {repl.num_replicas} replica(s) ({replicas}); replay at {replay_address}"
+    )
+    ctx.gauge(learner_steps=steps)
+    writer = tf.summary.create_file_writer(ctx.path("tensorboard", "learner", ""))
+    last_report = last_save = time.monotonic()
+    steps_at_report = steps_at_save = steps
+    metrics: dict[str, float] = {}
+    try:
+        while not ctx.should_stop():
+            try:
+                metrics = agent.step()
+            except ReplayTimeoutError:
+                continue  # Waiting for actors (or for min_replay_size); check for a stop.
+            steps = agent.num_steps
+            now = time.monotonic()
+            if now - last_report >= report_every_s:
+                rate = (steps - steps_at_report) / (now - last_report)
+                ctx.gauge(learner_steps=steps)
+                ctx.record("learner", learner_steps=steps, steps_per_s=rate, **metrics)
+                with writer.as_default(step=steps):
+                    for name, value in metrics.items():
+                        tf.summary.scalar(f"learner/{name}", value)
+                    tf.summary.scalar("learner/steps_per_second", rate)
+                last_report, steps_at_report = now, steps
+            if (
+                steps - steps_at_save >= checkpoint_every_steps
+                or now - last_save >= checkpoint_every_s
+            ):
+                agent.save()
+                last_save, steps_at_save = now, steps
+    except Exception as e:  # pylint: disable=broad-except
+        # On shutdown the replay server may stop under a blocked sample: not a crash.
+        if not ctx.should_stop() and not ctx.wait(1.0):
+            raise
+        ctx.log(f"update interrupted by shutdown ({type(e).__name__})")
+    path = agent.save()
+    ctx.gauge(learner_steps=agent.num_steps)
+    writer.flush()
+    ctx.log(f"final learner checkpoint at step {agent.num_steps}: {path}")
 
 
 def actor(ctx, *, task: str, config: dict, replay_address: str, index: int) -> None:
-  """Runs noisy episodes, writing n-step transitions and pulling weights periodically."""
-  from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
-  from agents.environment_loop import EnvironmentLoop  # pylint: disable=import-outside-toplevel
-  cfg = _config(config)
-  # Distinct streams per actor and per restart (a restart must not replay old episodes).
-  seed = cfg.seed * 100_003 + 1000 * (index + 1) + ctx.attempt
-  env, spec = _environment(cfg, task, seed=seed)
-  agent = builder.make_actor(cfg, spec, replay_address, seed=seed)
-  loop = EnvironmentLoop(env, agent, label=ctx.name)
-  version_key = f"weights_version_{ctx.name}"
-  ctx.log(f"acting in {task} (seed {seed}); replay at {replay_address}")
-  while not ctx.should_stop():
-    try:
-      result = loop.run_episode()
-    except Exception:  # pylint: disable=broad-except
-      if ctx.should_stop() or ctx.wait(1.0):
-        return  # The replay server went away during shutdown.
-      raise
-    ctx.count(actor_steps=result["episode_length"], episodes=1)
-    ctx.gauge(**{version_key: agent.weights_version})
-    ctx.record("episode", episode_return=result["episode_return"],
-               steps_per_s=result["steps_per_second"], weights_version=agent.weights_version)
+    """Runs noisy episodes, writing n-step transitions and pulling weights periodically."""
+    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+    from agents.environment_loop import EnvironmentLoop  # pylint: disable=import-outside-toplevel
+
+    cfg = _config(config)
+    # Distinct streams per actor and per restart (a restart must not replay old episodes).
+    seed = cfg.seed * 100_003 + 1000 * (index + 1) + ctx.attempt
+    env, spec = _environment(cfg, task, seed=seed)
+    agent = builder.make_actor(cfg, spec, replay_address, seed=seed)
+    loop = EnvironmentLoop(env, agent, label=ctx.name)
+    version_key = f"weights_version_{ctx.name}"
+    ctx.log(f"acting in {task} (seed {seed}); replay at {replay_address}")
+    while not ctx.should_stop():
+        try:
+            result = loop.run_episode()
+        except Exception:  # pylint: disable=broad-except
+            if ctx.should_stop() or ctx.wait(1.0):
+                return  # The replay server went away during shutdown.
+            raise
+        ctx.count(actor_steps=result["episode_length"], episodes=1)
+        ctx.gauge(**{version_key: agent.weights_version})
+        ctx.record(
+            "episode",
+            episode_return=result["episode_return"],
+            steps_per_s=result["steps_per_second"],
+            weights_version=agent.weights_version,
+        )
 
 
-def evaluator(ctx, *, task: str, config: dict, replay_address: str, episodes: int = 5,
-              every_s: float = 30.0) -> None:
-  """Every `every_s` seconds, runs noise-free episodes with the latest weights."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
-  from agents.environment_loop import EnvironmentLoop  # pylint: disable=import-outside-toplevel
-  cfg = _config(config)
-  seed = cfg.seed * 100_003 + 7 + ctx.attempt
-  env, spec = _environment(cfg, task, seed=seed)
-  agent = builder.make_evaluator(cfg, spec, replay_address, seed=seed)
-  loop = EnvironmentLoop(env, agent, should_update=False, label=ctx.name)
-  writer = tf.summary.create_file_writer(ctx.path("tensorboard", "evaluator", ""))
-  evaluated = None
-  while not ctx.should_stop():
-    try:
-      agent.update(wait=True)
-      if agent.weights_version != evaluated:
-        evaluated = agent.weights_version
-        returns = [loop.run_episode()["episode_return"] for _ in range(episodes)]
-        mean, std = float(np.mean(returns)), float(np.std(returns))
-        ctx.record("eval", **{"return": mean, "return_std": std, "episodes": episodes,
-                              "learner_steps": evaluated})
-        ctx.log(f"eval at learner step {evaluated}: return {mean:.1f} +- {std:.1f}")
-        with writer.as_default(step=max(evaluated, 0)):
-          tf.summary.scalar("eval/return", mean)
-          tf.summary.scalar("eval/return_std", std)
-        writer.flush()
-    except Exception:  # pylint: disable=broad-except
-      if ctx.should_stop() or ctx.wait(1.0):
-        return
-      raise
-    ctx.wait(every_s)
+def evaluator(
+    ctx, *, task: str, config: dict, replay_address: str, episodes: int = 5, every_s: float = 30.0
+) -> None:
+    """Every `every_s` seconds, runs noise-free episodes with the latest weights."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+    from agents.environment_loop import EnvironmentLoop  # pylint: disable=import-outside-toplevel
+
+    cfg = _config(config)
+    seed = cfg.seed * 100_003 + 7 + ctx.attempt
+    env, spec = _environment(cfg, task, seed=seed)
+    agent = builder.make_evaluator(cfg, spec, replay_address, seed=seed)
+    loop = EnvironmentLoop(env, agent, should_update=False, label=ctx.name)
+    writer = tf.summary.create_file_writer(ctx.path("tensorboard", "evaluator", ""))
+    evaluated = None
+    while not ctx.should_stop():
+        try:
+            agent.update(wait=True)
+            if agent.weights_version != evaluated:
+                evaluated = agent.weights_version
+                returns = [loop.run_episode()["episode_return"] for _ in range(episodes)]
+                mean, std = float(np.mean(returns)), float(np.std(returns))
+                ctx.record(
+                    "eval",
+                    **{
+                        "return": mean,
+                        "return_std": std,
+                        "episodes": episodes,
+                        "learner_steps": evaluated,
+                    },
+                )
+                ctx.log(f"eval at learner step {evaluated}: return {mean:.1f} +- {std:.1f}")
+                with writer.as_default(step=max(evaluated, 0)):
+                    tf.summary.scalar("eval/return", mean)
+                    tf.summary.scalar("eval/return_std", std)
+                writer.flush()
+        except Exception:  # pylint: disable=broad-except
+            if ctx.should_stop() or ctx.wait(1.0):
+                return
+            raise
+        ctx.wait(every_s)

@@ -27,10 +27,17 @@ from launch.program import Node, Program, Ref, Resources, RestartPolicy
 _NODES = "launch.d4pg_nodes"
 
 # Config keys that may change when a run is resumed (they do not shape checkpoints).
-RESUMABLE_CONFIG_KEYS = frozenset({
-    "sigma", "variable_update_period", "publish_period", "prefetch_size",
-    "max_in_flight_samples_per_worker", "seed", "jit_compile",
-})
+RESUMABLE_CONFIG_KEYS = frozenset(
+    {
+        "sigma",
+        "variable_update_period",
+        "publish_period",
+        "prefetch_size",
+        "max_in_flight_samples_per_worker",
+        "seed",
+        "jit_compile",
+    }
+)
 
 
 # Base hyperparameters a new run starts from (then --config.KEY=VALUE applies on top).
@@ -55,97 +62,130 @@ QUICK_STEPS = 100_000  # Default actor-step budget of `replicator launch d4pg`.
 
 @dataclasses.dataclass(frozen=True)
 class D4PGProgramSettings:
-  """How the program is laid out (not part of a run's identity: may change on resume).
+    """How the program is laid out (not part of a run's identity: may change on resume).
 
-  Attributes:
-    task: dm-control task, e.g. "cartpole:swingup".
-    num_actors: Number of actor nodes.
-    learner_replicas: `replication` spec of the learner, e.g. "cpu:2" or "gpu".
-    replay_port: Port of the replay server (0: any free port).
-    learner_checkpoint_every_steps: Learner checkpoint period in updates...
-    learner_checkpoint_every_s: ...or in seconds, whichever comes first.
-    replay_checkpoint_every_s: Replay checkpoint period.
-    eval_every_s: Seconds between evaluations (each of `eval_episodes` episodes).
-    eval_episodes: Episodes per evaluation.
-    report_every_s: Period of learner/replay metrics and TensorBoard summaries.
-  """
-  task: str = "cartpole:swingup"
-  num_actors: int = 2
-  learner_replicas: str = "cpu"
-  replay_port: int = 0
-  learner_checkpoint_every_steps: int = 1000
-  learner_checkpoint_every_s: float = 120.0
-  replay_checkpoint_every_s: float = 600.0
-  eval_every_s: float = 20.0
-  eval_episodes: int = 3
-  report_every_s: float = 5.0
+    Attributes:
+      task: dm-control task, e.g. "cartpole:swingup".
+      num_actors: Number of actor nodes.
+      learner_replicas: `replication` spec of the learner, e.g. "cpu:2" or "gpu".
+      replay_port: Port of the replay server (0: any free port).
+      learner_checkpoint_every_steps: Learner checkpoint period in updates...
+      learner_checkpoint_every_s: ...or in seconds, whichever comes first.
+      replay_checkpoint_every_s: Replay checkpoint period.
+      eval_every_s: Seconds between evaluations (each of `eval_episodes` episodes).
+      eval_episodes: Episodes per evaluation.
+      report_every_s: Period of learner/replay metrics and TensorBoard summaries.
+    """
+
+    task: str = "cartpole:swingup"
+    num_actors: int = 2
+    learner_replicas: str = "cpu"
+    replay_port: int = 0
+    learner_checkpoint_every_steps: int = 1000
+    learner_checkpoint_every_s: float = 120.0
+    replay_checkpoint_every_s: float = 600.0
+    eval_every_s: float = 20.0
+    eval_episodes: int = 3
+    report_every_s: float = 5.0
 
 
 def replicas_of(spec: str) -> int | None:
-  """Replica count of a `cpu:N[xM]` spec, without importing TensorFlow (None: unknown)."""
-  return _cpu_counts(spec)[0]
+    """Replica count of a `cpu:N[xM]` spec, without importing TensorFlow (None: unknown)."""
+    return _cpu_counts(spec)[0]
 
 
 def _cpu_counts(spec: str) -> tuple[int | None, int]:
-  if spec == "cpu":
-    return 1, 1
-  if spec.startswith("cpu:"):
-    head, _, tail = spec[4:].partition("x")
-    if head.isdigit() and (not tail or tail.isdigit()):
-      return int(head), int(tail or 1)
-  return None, 1
+    if spec == "cpu":
+        return 1, 1
+    if spec.startswith("cpu:"):
+        head, _, tail = spec[4:].partition("x")
+        if head.isdigit() and (not tail or tail.isdigit()):
+            return int(head), int(tail or 1)
+    return None, 1
 
 
 def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Program:
-  """Builds the D4PG program.
+    """Builds the D4PG program.
 
-  Args:
-    settings: The layout.
-    config: ``D4PGConfig.to_dict()`` of the (already validated) config.
-  """
-  common = {"task": settings.task, "config": config}
-  address = Ref("replay_address")
-  nodes = [
-      Node("replay", f"{_NODES}:replay",
-           {**common, "port": settings.replay_port,
-            "checkpoint_every_s": settings.replay_checkpoint_every_s,
-            "report_every_s": settings.report_every_s},
-           resources=Resources(cpus=0.5),
-           restart=RestartPolicy(
-               restart=False,
-               fatal_hint="Relaunch the same command (same --run-dir) to resume from the "
-                          "last replay and learner checkpoints."),
-           stop_phase=2, stop_timeout=60.0),
-      Node("learner", f"{_NODES}:learner",
-           {**common, "replay_address": address, "replicas": settings.learner_replicas,
-            "checkpoint_every_steps": settings.learner_checkpoint_every_steps,
-            "checkpoint_every_s": settings.learner_checkpoint_every_s,
-            "report_every_s": settings.report_every_s},
-           resources=Resources(cpus=1.0),
-           restart=RestartPolicy(initial_backoff=2.0, max_backoff=60.0),
-           stop_phase=0, stop_timeout=30.0),
-  ]
-  for i in range(settings.num_actors):
-    nodes.append(Node(f"actor_{i}", f"{_NODES}:actor",
-                      {**common, "replay_address": address, "index": i},
-                      resources=Resources(cpus=1.0),
-                      restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
-                      stop_phase=1, stop_timeout=3.0))
-  nodes.append(Node("evaluator", f"{_NODES}:evaluator",
-                    {**common, "replay_address": address,
-                     "episodes": settings.eval_episodes, "every_s": settings.eval_every_s},
-                    resources=Resources(cpus=0.5),
-                    restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
-                    stop_phase=0, stop_timeout=3.0))
-  setup = None
-  replicas, per_replica = _cpu_counts(settings.learner_replicas)
-  count = (replicas or 1) * per_replica
-  if count > 1:
-    # All nodes in one process (threads backend): carve the logical CPUs first.
-    setup = ("replication:ensure_logical_cpus", {"count": count})
-  return Program("d4pg", nodes, setup=setup)
+    Args:
+      settings: The layout.
+      config: ``D4PGConfig.to_dict()`` of the (already validated) config.
+    """
+    common = {"task": settings.task, "config": config}
+    address = Ref("replay_address")
+    nodes = [
+        Node(
+            "replay",
+            f"{_NODES}:replay",
+            {
+                **common,
+                "port": settings.replay_port,
+                "checkpoint_every_s": settings.replay_checkpoint_every_s,
+                "report_every_s": settings.report_every_s,
+            },
+            resources=Resources(cpus=0.5),
+            restart=RestartPolicy(
+                restart=False,
+                fatal_hint="Relaunch the same command (same --run-dir) to resume from the "
+                "last replay and learner checkpoints.",
+            ),
+            stop_phase=2,
+            stop_timeout=60.0,
+        ),
+        Node(
+            "learner",
+            f"{_NODES}:learner",
+            {
+                **common,
+                "replay_address": address,
+                "replicas": settings.learner_replicas,
+                "checkpoint_every_steps": settings.learner_checkpoint_every_steps,
+                "checkpoint_every_s": settings.learner_checkpoint_every_s,
+                "report_every_s": settings.report_every_s,
+            },
+            resources=Resources(cpus=1.0),
+            restart=RestartPolicy(initial_backoff=2.0, max_backoff=60.0),
+            stop_phase=0,
+            stop_timeout=30.0,
+        ),
+    ]
+    for i in range(settings.num_actors):
+        nodes.append(
+            Node(
+                f"actor_{i}",
+                f"{_NODES}:actor",
+                {**common, "replay_address": address, "index": i},
+                resources=Resources(cpus=1.0),
+                restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
+                stop_phase=1,
+                stop_timeout=3.0,
+            )
+        )
+    nodes.append(
+        Node(
+            "evaluator",
+            f"{_NODES}:evaluator",
+            {
+                **common,
+                "replay_address": address,
+                "episodes": settings.eval_episodes,
+                "every_s": settings.eval_every_s,
+            },
+            resources=Resources(cpus=0.5),
+            restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
+            stop_phase=0,
+            stop_timeout=3.0,
+        )
+    )
+    setup = None
+    replicas, per_replica = _cpu_counts(settings.learner_replicas)
+    count = (replicas or 1) * per_replica
+    if count > 1:
+        # All nodes in one process (threads backend): carve the logical CPUs first.
+        setup = ("replication:ensure_logical_cpus", {"count": count})
+    return Program("d4pg", nodes, setup=setup)
 
 
 def identity(task: str, config: dict[str, Any]) -> dict[str, Any]:
-  """What makes two launches the same run (checked when a run dir is reused)."""
-  return {"program": "d4pg", "task": task, "config": config}
+    """What makes two launches the same run (checked when a run dir is reused)."""
+    return {"program": "d4pg", "task": task, "config": config}

@@ -2,12 +2,12 @@
 
 
 class LaunchError(Exception):
-  """A problem the user can fix; the message says what to do next.
+    """A problem the user can fix; the message says what to do next.
 
-  Attributes:
-    exit_code: 2 for usage errors (bad flags, wrong run dir), 1 for failures at run time.
-  """
+    Attributes:
+      exit_code: 2 for usage errors (bad flags, wrong run dir), 1 for failures at run time.
+    """
 
-  def __init__(self, message: str, exit_code: int = 2):
-    super().__init__(message)
-    self.exit_code = exit_code
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -25,114 +25,130 @@ from launch.supervisor import Exit
 
 
 class LocalHandle:
-  """One node process."""
+    """One node process."""
 
-  def __init__(self, proc: subprocess.Popen, log_path: str, publish_path: str):
-    self.proc = proc
-    self._log_path = log_path
-    self._publish_path = publish_path
+    def __init__(self, proc: subprocess.Popen, log_path: str, publish_path: str):
+        self.proc = proc
+        self._log_path = log_path
+        self._publish_path = publish_path
 
-  @property
-  def pid(self) -> int:
-    return self.proc.pid
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
-  def poll(self) -> Exit | None:
-    code = self.proc.poll()
-    if code is None:
-      return None
-    if code == 0:
-      return Exit(True)
-    if code < 0:
-      try:
-        name = signal.Signals(-code).name
-      except ValueError:
-        name = f"signal {-code}"
-      return Exit(False, f"killed by {name}")
-    return Exit(False, f"exit code {code}")
+    def poll(self) -> Exit | None:
+        code = self.proc.poll()
+        if code is None:
+            return None
+        if code == 0:
+            return Exit(True)
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return Exit(False, f"killed by {name}")
+        return Exit(False, f"exit code {code}")
 
-  def request_stop(self) -> None:
-    if self.proc.poll() is None:
-      try:
-        os.kill(self.proc.pid, signal.SIGTERM)
-      except ProcessLookupError:
-        pass
+    def request_stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
-  def kill(self) -> None:
-    try:
-      os.killpg(self.proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-      pass
-    try:
-      self.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-      pass
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
 
-  def published(self) -> dict[str, Any]:
-    try:
-      with open(self._publish_path, encoding="utf-8") as f:
-        return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
-      return {}
+    def published(self) -> dict[str, Any]:
+        try:
+            with open(self._publish_path, encoding="utf-8") as f:
+                return json.load(f)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
 
-  def drain(self) -> None:
-    pass  # The node writes its metrics and logs to the run directory itself.
+    def drain(self) -> None:
+        pass  # The node writes its metrics and logs to the run directory itself.
 
-  def log_hint(self) -> str:
-    return f"Its output: {self._log_path}"
+    def log_hint(self) -> str:
+        return f"Its output: {self._log_path}"
 
 
 class LocalBackend:
-  """Runs each node as a supervised child process.
+    """Runs each node as a supervised child process.
 
-  Args:
-    run_dir: The run directory.
-    advertise_host: Host name other nodes use to reach servers a node starts.
-    env: Extra environment variables for the node processes.
-  """
+    Args:
+      run_dir: The run directory.
+      advertise_host: Host name other nodes use to reach servers a node starts.
+      env: Extra environment variables for the node processes.
+    """
 
-  name = "local"
+    name = "local"
 
-  def __init__(self, run_dir: RunDir, *, advertise_host: str = "localhost",
-               env: dict[str, str] | None = None):
-    self._run_dir = run_dir
-    self._advertise_host = advertise_host
-    self._env = {**os.environ, **(env or {})}
-    # Spec and publication files are launcher-private: keep them out of the run dir.
-    self._session = tempfile.mkdtemp(prefix="replicator-launch-")
-    self._handles: list[LocalHandle] = []
+    def __init__(
+        self,
+        run_dir: RunDir,
+        *,
+        advertise_host: str = "localhost",
+        env: dict[str, str] | None = None,
+    ):
+        self._run_dir = run_dir
+        self._advertise_host = advertise_host
+        self._env = {**os.environ, **(env or {})}
+        # Spec and publication files are launcher-private: keep them out of the run dir.
+        self._session = tempfile.mkdtemp(prefix="replicator-launch-")
+        self._handles: list[LocalHandle] = []
 
-  def start(self, node: Node, kwargs: dict, attempt: int) -> LocalHandle:
-    tag = f"{node.name}-{attempt}"
-    spec_path = os.path.join(self._session, f"{tag}.spec.json")
-    publish_path = os.path.join(self._session, f"{tag}.published.json")
-    log_path = self._run_dir.log_path(node.name)
-    spec = {
-        "name": node.name, "entry_point": node.entry_point, "kwargs": kwargs,
-        "run_dir": self._run_dir.root, "attempt": attempt,
-        "advertise_host": self._advertise_host,
-        "metrics_path": self._run_dir.metrics_path(node.name),
-        "publish_path": publish_path, "parent_pid": os.getpid(),
-    }
-    with open(spec_path, "w", encoding="utf-8") as f:
-      json.dump(spec, f)
-    with open(log_path, "ab") as log:
-      log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} start #{attempt} of "
-                f"{node.name}\n".encode())
-      log.flush()
-      proc = subprocess.Popen(
-          [sys.executable, "-m", "launch.node_main", spec_path],
-          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-          env=self._env, start_new_session=True, close_fds=True)
-    handle = LocalHandle(proc, log_path, publish_path)
-    self._handles.append(handle)
-    return handle
+    def start(self, node: Node, kwargs: dict, attempt: int) -> LocalHandle:
+        tag = f"{node.name}-{attempt}"
+        spec_path = os.path.join(self._session, f"{tag}.spec.json")
+        publish_path = os.path.join(self._session, f"{tag}.published.json")
+        log_path = self._run_dir.log_path(node.name)
+        spec = {
+            "name": node.name,
+            "entry_point": node.entry_point,
+            "kwargs": kwargs,
+            "run_dir": self._run_dir.root,
+            "attempt": attempt,
+            "advertise_host": self._advertise_host,
+            "metrics_path": self._run_dir.metrics_path(node.name),
+            "publish_path": publish_path,
+            "parent_pid": os.getpid(),
+        }
+        with open(spec_path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        with open(log_path, "ab") as log:
+            log.write(
+                f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} start #{attempt} of "
+                f"{node.name}\n".encode()
+            )
+            log.flush()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "launch.node_main", spec_path],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        handle = LocalHandle(proc, log_path, publish_path)
+        self._handles.append(handle)
+        return handle
 
-  def pids(self) -> list[int]:
-    """Pids of the node processes still running (for tests and tools)."""
-    return [h.pid for h in self._handles if h.proc.poll() is None]
+    def pids(self) -> list[int]:
+        """Pids of the node processes still running (for tests and tools)."""
+        return [h.pid for h in self._handles if h.proc.poll() is None]
 
-  def close(self) -> None:
-    for h in self._handles:
-      if h.proc.poll() is None:
-        h.kill()
-    shutil.rmtree(self._session, ignore_errors=True)
+    def close(self) -> None:
+        for h in self._handles:
+            if h.proc.poll() is None:
+                h.kill()
+        shutil.rmtree(self._session, ignore_errors=True)

@@ -20,154 +20,181 @@ import glob
 import json
 import os
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from launch.context import FileSink
 from launch.run_dir import RunDir
 
-
-CSV_COLUMNS = ("wall_time_s", "unix_time", "actor_steps", "learner_steps", "episodes",
-               "eval_return", "eval_return_std", "eval_episodes", "eval_learner_steps")
+CSV_COLUMNS = (
+    "wall_time_s",
+    "unix_time",
+    "actor_steps",
+    "learner_steps",
+    "episodes",
+    "eval_return",
+    "eval_return_std",
+    "eval_episodes",
+    "eval_learner_steps",
+)
 LAUNCHER = "launcher"
 
 
 class MetricsTail:
-  """Reads the new complete lines of every metrics file, remembering offsets."""
+    """Reads the new complete lines of every metrics file, remembering offsets."""
 
-  def __init__(self, directory: str):
-    self._directory = directory
-    self._offsets: dict[str, int] = {}
+    def __init__(self, directory: str):
+        self._directory = directory
+        self._offsets: dict[str, int] = {}
 
-  def read(self) -> Iterator[dict[str, Any]]:
-    for path in sorted(glob.glob(os.path.join(self._directory, "*.jsonl"))):
-      offset = self._offsets.get(path, 0)
-      try:
-        with open(path, "rb") as f:
-          f.seek(offset)
-          data = f.read()
-      except FileNotFoundError:
-        continue
-      end = data.rfind(b"\n")
-      if end < 0:
-        continue
-      self._offsets[path] = offset + end + 1
-      for line in data[:end].splitlines():
-        try:
-          record = json.loads(line)
-        except ValueError:
-          continue  # A torn line from a node killed mid-write.
-        if isinstance(record, dict):
-          yield record
+    def read(self) -> Iterator[dict[str, Any]]:
+        for path in sorted(glob.glob(os.path.join(self._directory, "*.jsonl"))):
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n")
+            if end < 0:
+                continue
+            self._offsets[path] = offset + end + 1
+            for line in data[:end].splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # A torn line from a node killed mid-write.
+                if isinstance(record, dict):
+                    yield record
 
 
 class Progress:
-  """Aggregates node metrics into totals, a progress line and metrics.csv.
+    """Aggregates node metrics into totals, a progress line and metrics.csv.
 
-  Args:
-    run_dir: The run directory.
-    program_name: Shown at the start of the progress line.
-  """
+    Args:
+      run_dir: The run directory.
+      program_name: Shown at the start of the progress line.
+    """
 
-  def __init__(self, run_dir: RunDir, program_name: str):
-    self._run_dir = run_dir
-    self._name = program_name
-    self._tail = MetricsTail(run_dir.path("metrics"))
-    self.totals: collections.Counter = collections.Counter()
-    self.gauges: dict[str, Any] = {}
-    self.last_eval: dict[str, Any] | None = None
-    self.num_evals = 0
-    self._wall_offset = 0.0
-    self._start = time.monotonic()
-    self._history: collections.deque = collections.deque(maxlen=120)
-    self._last_saved = 0.0
-    self._launcher_sink = FileSink(run_dir.metrics_path(LAUNCHER))
-    # Earlier launches of this run: rebuild the totals, but write no CSV rows for them.
-    for record in self._tail.read():
-      self._apply(record, write_csv=False)
-    self._wall_offset = float(self.gauges.pop("wall_time_s", 0.0))
+    def __init__(self, run_dir: RunDir, program_name: str):
+        self._run_dir = run_dir
+        self._name = program_name
+        self._tail = MetricsTail(run_dir.path("metrics"))
+        self.totals: collections.Counter = collections.Counter()
+        self.gauges: dict[str, Any] = {}
+        self.last_eval: dict[str, Any] | None = None
+        self.num_evals = 0
+        self._wall_offset = 0.0
+        self._start = time.monotonic()
+        self._history: collections.deque = collections.deque(maxlen=120)
+        self._last_saved = 0.0
+        self._launcher_sink = FileSink(run_dir.metrics_path(LAUNCHER))
+        # Earlier launches of this run: rebuild the totals, but write no CSV rows for them.
+        for record in self._tail.read():
+            self._apply(record, write_csv=False)
+        self._wall_offset = float(self.gauges.pop("wall_time_s", 0.0))
 
-  @property
-  def wall_time(self) -> float:
-    """Seconds the run has been running, summed over launches."""
-    return self._wall_offset + time.monotonic() - self._start
+    @property
+    def wall_time(self) -> float:
+        """Seconds the run has been running, summed over launches."""
+        return self._wall_offset + time.monotonic() - self._start
 
-  def update(self) -> None:
-    """Reads new records; appends a CSV row per new evaluation."""
-    for record in self._tail.read():
-      self._apply(record, write_csv=True)
-    self._history.append((time.monotonic(), self.totals["actor_steps"],
-                          self.gauges.get("learner_steps", 0)))
-    if time.monotonic() - self._last_saved >= 5.0:
-      self._last_saved = time.monotonic()
-      self._launcher_sink(json.dumps({"t": time.time(), "node": LAUNCHER, "kind": "progress",
-                                      "wall_time_s": round(self.wall_time, 3)}))
+    def update(self) -> None:
+        """Reads new records; appends a CSV row per new evaluation."""
+        for record in self._tail.read():
+            self._apply(record, write_csv=True)
+        self._history.append(
+            (time.monotonic(), self.totals["actor_steps"], self.gauges.get("learner_steps", 0))
+        )
+        if time.monotonic() - self._last_saved >= 5.0:
+            self._last_saved = time.monotonic()
+            self._launcher_sink(
+                json.dumps(
+                    {
+                        "t": time.time(),
+                        "node": LAUNCHER,
+                        "kind": "progress",
+                        "wall_time_s": round(self.wall_time, 3),
+                    }
+                )
+            )
 
-  def _apply(self, record: dict[str, Any], write_csv: bool) -> None:
-    kind = record.get("kind")
-    fields = {k: v for k, v in record.items() if k not in ("t", "node", "kind")}
-    if kind == "count":
-      for k, v in fields.items():
-        if isinstance(v, (int, float)):
-          self.totals[k] += v
-    elif kind == "gauge":
-      self.gauges.update(fields)
-    elif kind == "progress":
-      self.gauges["wall_time_s"] = fields.get("wall_time_s", 0.0)
-    elif kind == "eval":
-      self.num_evals += 1
-      self.last_eval = dict(fields, actor_steps=self.totals["actor_steps"])
-      if write_csv:
-        self._write_csv_row(record)
+    def _apply(self, record: dict[str, Any], write_csv: bool) -> None:
+        kind = record.get("kind")
+        fields = {k: v for k, v in record.items() if k not in ("t", "node", "kind")}
+        if kind == "count":
+            for k, v in fields.items():
+                if isinstance(v, (int, float)):
+                    self.totals[k] += v
+        elif kind == "gauge":
+            self.gauges.update(fields)
+        elif kind == "progress":
+            self.gauges["wall_time_s"] = fields.get("wall_time_s", 0.0)
+        elif kind == "eval":
+            self.num_evals += 1
+            self.last_eval = dict(fields, actor_steps=self.totals["actor_steps"])
+            if write_csv:
+                self._write_csv_row(record)
 
-  def _write_csv_row(self, record: dict[str, Any]) -> None:
-    path = self._run_dir.csv_path
-    new = not os.path.exists(path)
-    with open(path, "a", newline="", encoding="utf-8") as f:
-      writer = csv.writer(f)
-      if new:
-        writer.writerow(CSV_COLUMNS)
-      writer.writerow([
-          round(self.wall_time, 2), round(record.get("t", time.time()), 3),
-          int(self.totals["actor_steps"]), int(self.gauges.get("learner_steps", 0)),
-          int(self.totals["episodes"]), record.get("return"), record.get("return_std"),
-          record.get("episodes"), record.get("learner_steps"),
-      ])
+    def _write_csv_row(self, record: dict[str, Any]) -> None:
+        path = self._run_dir.csv_path
+        new = not os.path.exists(path)
+        with open(path, "a", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(CSV_COLUMNS)
+            writer.writerow(
+                [
+                    round(self.wall_time, 2),
+                    round(record.get("t", time.time()), 3),
+                    int(self.totals["actor_steps"]),
+                    int(self.gauges.get("learner_steps", 0)),
+                    int(self.totals["episodes"]),
+                    record.get("return"),
+                    record.get("return_std"),
+                    record.get("episodes"),
+                    record.get("learner_steps"),
+                ]
+            )
 
-  def rates(self) -> tuple[float, float]:
-    """Actor and learner steps per second over the last ~30 seconds."""
-    if len(self._history) < 2:
-      return 0.0, 0.0
-    now = self._history[-1]
-    old = next((h for h in self._history if now[0] - h[0] <= 30.0), self._history[0])
-    dt = now[0] - old[0]
-    if dt <= 0:
-      return 0.0, 0.0
-    return (now[1] - old[1]) / dt, (now[2] - old[2]) / dt
+    def rates(self) -> tuple[float, float]:
+        """Actor and learner steps per second over the last ~30 seconds."""
+        if len(self._history) < 2:
+            return 0.0, 0.0
+        now = self._history[-1]
+        old = next((h for h in self._history if now[0] - h[0] <= 30.0), self._history[0])
+        dt = now[0] - old[0]
+        if dt <= 0:
+            return 0.0, 0.0
+        return (now[1] - old[1]) / dt, (now[2] - old[2]) / dt
 
-  def line(self, restarts: dict[str, int] | None = None) -> str:
-    actor_rate, learner_rate = self.rates()
-    elapsed = int(self.wall_time)
-    stamp = f"[{self._name} {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}]"
-    parts = [
-        f"actor steps {int(self.totals['actor_steps']):,} ({actor_rate:,.0f}/s)",
-        f"learner steps {int(self.gauges.get('learner_steps', 0)):,} ({learner_rate:,.1f}/s)",
-        f"episodes {int(self.totals['episodes']):,}",
-    ]
-    if self.last_eval is not None:
-      parts.append(f"eval return {self.last_eval.get('return', float('nan')):.1f} "
-                   f"@ {int(self.last_eval['actor_steps']):,} steps")
-    else:
-      parts.append("eval return -")
-    restarted = {k: v for k, v in (restarts or {}).items() if v}
-    if restarted:
-      parts.append("restarts " + ",".join(f"{k}={v}" for k, v in sorted(restarted.items())))
-    return stamp + " " + " | ".join(parts)
+    def line(self, restarts: dict[str, int] | None = None) -> str:
+        actor_rate, learner_rate = self.rates()
+        elapsed = int(self.wall_time)
+        stamp = f"[{self._name} {elapsed // 3600}:{elapsed // 60 % 60:02d}:{elapsed % 60:02d}]"
+        parts = [
+            f"actor steps {int(self.totals['actor_steps']):,} ({actor_rate:,.0f}/s)",
+            f"learner steps {int(self.gauges.get('learner_steps', 0)):,} ({learner_rate:,.1f}/s)",
+            f"episodes {int(self.totals['episodes']):,}",
+        ]
+        if self.last_eval is not None:
+            parts.append(
+                f"eval return {self.last_eval.get('return', float('nan')):.1f} "
+                f"@ {int(self.last_eval['actor_steps']):,} steps"
+            )
+        else:
+            parts.append("eval return -")
+        restarted = {k: v for k, v in (restarts or {}).items() if v}
+        if restarted:
+            parts.append("restarts " + ",".join(f"{k}={v}" for k, v in sorted(restarted.items())))
+        return stamp + " " + " | ".join(parts)
 
 
 def read_csv(path: str) -> list[dict[str, float]]:
-  """Rows of a metrics.csv as dicts of floats (empty cells are skipped)."""
-  rows = []
-  with open(path, newline="", encoding="utf-8") as f:
-    for row in csv.DictReader(f):
-      rows.append({k: float(v) for k, v in row.items() if v not in ("", None)})
-  return rows
+    """Rows of a metrics.csv as dicts of floats (empty cells are skipped)."""
+    rows = []
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            rows.append({k: float(v) for k, v in row.items() if v not in ("", None)})
+    return rows

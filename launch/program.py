@@ -27,78 +27,80 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from typing import Any, Callable, Iterator
-
+from collections.abc import Callable, Iterator
+from typing import Any
 
 _REF_KEY = "$ref"
 
 
 def Ref(key: str) -> dict:  # noqa: N802 (reads as a type at call sites)
-  """A placeholder for a value another node publishes under `key`."""
-  return {_REF_KEY: key}
+    """A placeholder for a value another node publishes under `key`."""
+    return {_REF_KEY: key}
 
 
 def _walk_refs(value: Any) -> Iterator[str]:
-  if isinstance(value, dict):
-    if set(value) == {_REF_KEY}:
-      yield value[_REF_KEY]
-      return
-    for v in value.values():
-      yield from _walk_refs(v)
-  elif isinstance(value, (list, tuple)):
-    for v in value:
-      yield from _walk_refs(v)
+    if isinstance(value, dict):
+        if set(value) == {_REF_KEY}:
+            yield value[_REF_KEY]
+            return
+        for v in value.values():
+            yield from _walk_refs(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _walk_refs(v)
 
 
 def resolve_refs(value: Any, published: dict[str, Any]) -> Any:
-  """Returns `value` with every `Ref(key)` replaced by `published[key]`."""
-  if isinstance(value, dict):
-    if set(value) == {_REF_KEY}:
-      return published[value[_REF_KEY]]
-    return {k: resolve_refs(v, published) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [resolve_refs(v, published) for v in value]
-  return value
+    """Returns `value` with every `Ref(key)` replaced by `published[key]`."""
+    if isinstance(value, dict):
+        if set(value) == {_REF_KEY}:
+            return published[value[_REF_KEY]]
+        return {k: resolve_refs(v, published) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [resolve_refs(v, published) for v in value]
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
 class Resources:
-  """What a node asks of the machine it runs on (used by the Ray backend).
+    """What a node asks of the machine it runs on (used by the Ray backend).
 
-  Attributes:
-    cpus: CPU cores to reserve (fractions allowed).
-    gpus: GPUs to reserve.
-    custom: Ray custom resources, e.g. ``{"learner_host": 1}`` to pin the learner.
-  """
-  cpus: float = 1.0
-  gpus: float = 0.0
-  custom: dict[str, float] = dataclasses.field(default_factory=dict)
+    Attributes:
+      cpus: CPU cores to reserve (fractions allowed).
+      gpus: GPUs to reserve.
+      custom: Ray custom resources, e.g. ``{"learner_host": 1}`` to pin the learner.
+    """
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+    custom: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class RestartPolicy:
-  """What the supervisor does when a node's process or body fails.
+    """What the supervisor does when a node's process or body fails.
 
-  Attributes:
-    restart: Restart the node after a failure; if False a failure stops the run.
-    initial_backoff: Seconds to wait before the first restart.
-    max_backoff: Cap on the doubling wait between consecutive restarts.
-    max_consecutive_failures: A node that fails this many times in a row, each
-      time within `healthy_after` seconds of starting, stops the run.
-    healthy_after: Seconds of running after which a node counts as healthy and
-      its backoff resets.
-    fatal_hint: Appended to the message when a failure of this node stops the run.
-  """
-  restart: bool = True
-  initial_backoff: float = 1.0
-  max_backoff: float = 30.0
-  max_consecutive_failures: int = 10
-  healthy_after: float = 60.0
-  fatal_hint: str = ""
+    Attributes:
+      restart: Restart the node after a failure; if False a failure stops the run.
+      initial_backoff: Seconds to wait before the first restart.
+      max_backoff: Cap on the doubling wait between consecutive restarts.
+      max_consecutive_failures: A node that fails this many times in a row, each
+        time within `healthy_after` seconds of starting, stops the run.
+      healthy_after: Seconds of running after which a node counts as healthy and
+        its backoff resets.
+      fatal_hint: Appended to the message when a failure of this node stops the run.
+    """
 
-  def backoff(self, consecutive_failures: int) -> float:
-    """Seconds to wait before restart number `consecutive_failures` (1-based)."""
-    return min(self.max_backoff, self.initial_backoff * 2 ** max(0, consecutive_failures - 1))
+    restart: bool = True
+    initial_backoff: float = 1.0
+    max_backoff: float = 30.0
+    max_consecutive_failures: int = 10
+    healthy_after: float = 60.0
+    fatal_hint: str = ""
+
+    def backoff(self, consecutive_failures: int) -> float:
+        """Seconds to wait before restart number `consecutive_failures` (1-based)."""
+        return min(self.max_backoff, self.initial_backoff * 2 ** max(0, consecutive_failures - 1))
 
 
 NEVER_RESTART = RestartPolicy(restart=False)
@@ -106,86 +108,91 @@ NEVER_RESTART = RestartPolicy(restart=False)
 
 @dataclasses.dataclass(frozen=True)
 class Node:
-  """One entry point of a program.
+    """One entry point of a program.
 
-  Attributes:
-    name: Unique name within the program (also names its log and metrics files).
-    entry_point: ``"package.module:function"``; called as ``function(ctx, **kwargs)``
-      with a `launch.NodeContext`.
-    kwargs: JSON-able keyword arguments; may contain `Ref` placeholders.
-    resources: The resource request.
-    restart: The restart policy.
-    stop_phase: Nodes stop in increasing phases on shutdown, so e.g. a server
-      (a late phase) outlives its clients and can save state last.
-    stop_timeout: Seconds the node gets to return after a stop request before it
-      is killed (a stateless node stuck in a blocking call needs little).
-  """
-  name: str
-  entry_point: str
-  kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-  resources: Resources = Resources()
-  restart: RestartPolicy = RestartPolicy()
-  stop_phase: int = 0
-  stop_timeout: float = 10.0
+    Attributes:
+      name: Unique name within the program (also names its log and metrics files).
+      entry_point: ``"package.module:function"``; called as ``function(ctx, **kwargs)``
+        with a `launch.NodeContext`.
+      kwargs: JSON-able keyword arguments; may contain `Ref` placeholders.
+      resources: The resource request.
+      restart: The restart policy.
+      stop_phase: Nodes stop in increasing phases on shutdown, so e.g. a server
+        (a late phase) outlives its clients and can save state last.
+      stop_timeout: Seconds the node gets to return after a stop request before it
+        is killed (a stateless node stuck in a blocking call needs little).
+    """
 
-  def __post_init__(self):
-    if ":" not in self.entry_point:
-      raise ValueError(f"Node {self.name!r}: entry_point must look like 'module:function', "
-                       f"got {self.entry_point!r}.")
-    try:
-      json.dumps(self.kwargs)
-    except TypeError as e:
-      raise TypeError(f"Node {self.name!r}: kwargs must be plain JSON data ({e}).") from None
+    name: str
+    entry_point: str
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    resources: Resources = Resources()
+    restart: RestartPolicy = RestartPolicy()
+    stop_phase: int = 0
+    stop_timeout: float = 10.0
 
-  def refs(self) -> list[str]:
-    """Keys of the published values this node waits for."""
-    return sorted(set(_walk_refs(self.kwargs)))
+    def __post_init__(self):
+        if ":" not in self.entry_point:
+            raise ValueError(
+                f"Node {self.name!r}: entry_point must look like 'module:function', "
+                f"got {self.entry_point!r}."
+            )
+        try:
+            json.dumps(self.kwargs)
+        except TypeError as e:
+            raise TypeError(f"Node {self.name!r}: kwargs must be plain JSON data ({e}).") from None
 
-  def to_json(self) -> dict:
-    return dataclasses.asdict(self)
+    def refs(self) -> list[str]:
+        """Keys of the published values this node waits for."""
+        return sorted(set(_walk_refs(self.kwargs)))
 
-  @classmethod
-  def from_json(cls, data: dict) -> "Node":
-    data = dict(data)
-    data["resources"] = Resources(**data["resources"])
-    data["restart"] = RestartPolicy(**data["restart"])
-    return cls(**data)
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Node:
+        data = dict(data)
+        data["resources"] = Resources(**data["resources"])
+        data["restart"] = RestartPolicy(**data["restart"])
+        return cls(**data)
 
 
 def load_entry_point(entry_point: str) -> Callable[..., Any]:
-  """Imports ``"module:function"`` and returns the function."""
-  module_name, _, attr = entry_point.partition(":")
-  module = importlib.import_module(module_name)
-  fn = module
-  for part in attr.split("."):
-    fn = getattr(fn, part)
-  return fn
+    """Imports ``"module:function"`` and returns the function."""
+    module_name, _, attr = entry_point.partition(":")
+    module = importlib.import_module(module_name)
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part)
+    return fn
 
 
 @dataclasses.dataclass
 class Program:
-  """A named set of nodes that together make one distributed job.
+    """A named set of nodes that together make one distributed job.
 
-  Attributes:
-    name: Shown in progress lines.
-    nodes: The nodes.
-    setup: Optional ``(entry_point, kwargs)`` called once, before any node, when all
-      nodes share one process (the threads backend), e.g. to configure devices that
-      must be set before TensorFlow starts. Separate processes do their own setup.
-  """
-  name: str
-  nodes: list[Node]
-  setup: tuple[str, dict[str, Any]] | None = None
+    Attributes:
+      name: Shown in progress lines.
+      nodes: The nodes.
+      setup: Optional ``(entry_point, kwargs)`` called once, before any node, when all
+        nodes share one process (the threads backend), e.g. to configure devices that
+        must be set before TensorFlow starts. Separate processes do their own setup.
+    """
 
-  def __post_init__(self):
-    names = [n.name for n in self.nodes]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-      raise ValueError(f"Program {self.name!r} has duplicate node names: {duplicates}.")
+    name: str
+    nodes: list[Node]
+    setup: tuple[str, dict[str, Any]] | None = None
 
-  def node(self, name: str) -> Node:
-    for n in self.nodes:
-      if n.name == name:
-        return n
-    raise KeyError(f"No node {name!r} in program {self.name!r}; nodes: "
-                   f"{[n.name for n in self.nodes]}.")
+    def __post_init__(self):
+        names = [n.name for n in self.nodes]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"Program {self.name!r} has duplicate node names: {duplicates}.")
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(
+            f"No node {name!r} in program {self.name!r}; nodes: {[n.name for n in self.nodes]}."
+        )

@@ -20,7 +20,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from launch.context import FileSink, NodeContext
 from launch.errors import LaunchError
@@ -30,239 +31,281 @@ from launch.supervisor import Exit
 
 
 def import_ray(loopback: bool = False):
-  """Imports Ray; `loopback` keeps a private local instance on 127.0.0.1.
+    """Imports Ray; `loopback` keeps a private local instance on 127.0.0.1.
 
-  Ray reads that setting when it is imported, so this must be the first `import ray`.
-  """
-  os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-  if loopback:
-    # Ray would otherwise pick the machine's IP for a local instance.
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-  try:
-    import ray  # pylint: disable=import-outside-toplevel
-  except ImportError:
-    raise LaunchError(
-        "the ray backend needs Ray, which is not installed in this environment. Install it "
-        "with `pip install 'tf-replicator[ray]'` (or `pip install 'ray[default]>=2.9,<3'`), "
-        "or use --backend local.") from None
-  return ray
+    Ray reads that setting when it is imported, so this must be the first `import ray`.
+    """
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if loopback:
+        # Ray would otherwise pick the machine's IP for a local instance.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        import ray  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        raise LaunchError(
+            "the ray backend needs Ray, which is not installed in this environment. Install it "
+            "with `pip install 'tf-replicator[ray]'` (or `pip install 'ray[default]>=2.9,<3'`), "
+            "or use --backend local."
+        ) from None
+    return ray
 
 
 def _check_reachable(address: str) -> None:
-  """Fails fast with a clear message instead of Ray's long connection retries."""
-  if address == "auto":
-    return
-  host, _, port = address.rpartition(":")
-  if not host or not port.isdigit():
-    raise LaunchError(f"--ray-address {address!r} should look like HOST:PORT "
-                      "(e.g. 127.0.0.1:6379, as printed by `ray start --head`).")
-  try:
-    with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
-      pass
-  except OSError as e:
-    raise LaunchError(
-        f"cannot reach a Ray cluster at {address} ({e.strerror or e}). Start one with "
-        f"`ray start --head --port={port}` on that machine, check the address, or omit "
-        "--ray-address to start a local Ray instance.", exit_code=1) from None
+    """Fails fast with a clear message instead of Ray's long connection retries."""
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise LaunchError(
+            f"--ray-address {address!r} should look like HOST:PORT "
+            "(e.g. 127.0.0.1:6379, as printed by `ray start --head`)."
+        )
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+            pass
+    except OSError as e:
+        raise LaunchError(
+            f"cannot reach a Ray cluster at {address} ({e.strerror or e}). Start one with "
+            f"`ray start --head --port={port}` on that machine, check the address, or omit "
+            "--ray-address to start a local Ray instance.",
+            exit_code=1,
+        ) from None
 
 
 class RayNode:
-  """The Ray actor that hosts one node body (a threaded actor: run + stop/drain)."""
+    """The Ray actor that hosts one node body (a threaded actor: run + stop/drain)."""
 
-  def __init__(self):
-    self._stop = threading.Event()
-    self._lock = threading.Lock()
-    self._metrics: list[str] = []
-    self._logs: list[str] = []
-    self._published: dict[str, Any] = {}
+    def __init__(self):
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._metrics: list[str] = []
+        self._logs: list[str] = []
+        self._published: dict[str, Any] = {}
 
-  def _append(self, buffer: str) -> Callable[[str], None]:
-    # By attribute name: `drain` swaps the lists, so a captured list would go stale.
-    def sink(line: str) -> None:
-      with self._lock:
-        getattr(self, buffer).append(line)
-    return sink
+    def _append(self, buffer: str) -> Callable[[str], None]:
+        # By attribute name: `drain` swaps the lists, so a captured list would go stale.
+        def sink(line: str) -> None:
+            with self._lock:
+                getattr(self, buffer).append(line)
 
-  def _publish(self, key: str, value: Any) -> None:
-    with self._lock:
-      self._published[key] = value
+        return sink
 
-  def run(self, spec_json: str) -> str:
-    import ray  # pylint: disable=import-outside-toplevel
-    spec = json.loads(spec_json)
-    host = spec["advertise_host"] or ray.util.get_node_ip_address()
-    ctx = NodeContext(spec["name"], spec["run_dir"], attempt=spec["attempt"],
-                      advertise_host=host, stop_event=self._stop,
-                      metrics_sink=self._append("_metrics"),
-                      log_sink=self._append("_logs"), publish_sink=self._publish)
-    ctx.log(f"running on {host} (pid {os.getpid()})")
-    load_entry_point(spec["entry_point"])(ctx, **spec["kwargs"])
-    return "ok"
+    def _publish(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._published[key] = value
 
-  def stop(self) -> None:
-    self._stop.set()
+    def run(self, spec_json: str) -> str:
+        import ray  # pylint: disable=import-outside-toplevel
 
-  def drain(self) -> str:
-    with self._lock:
-      out = {"metrics": self._metrics, "logs": self._logs, "published": dict(self._published)}
-      self._metrics, self._logs = [], []
-    return json.dumps(out)
+        spec = json.loads(spec_json)
+        host = spec["advertise_host"] or ray.util.get_node_ip_address()
+        ctx = NodeContext(
+            spec["name"],
+            spec["run_dir"],
+            attempt=spec["attempt"],
+            advertise_host=host,
+            stop_event=self._stop,
+            metrics_sink=self._append("_metrics"),
+            log_sink=self._append("_logs"),
+            publish_sink=self._publish,
+        )
+        ctx.log(f"running on {host} (pid {os.getpid()})")
+        load_entry_point(spec["entry_point"])(ctx, **spec["kwargs"])
+        return "ok"
 
-  def pid(self) -> int:
-    return os.getpid()
+    def stop(self) -> None:
+        self._stop.set()
+
+    def drain(self) -> str:
+        with self._lock:
+            out = {"metrics": self._metrics, "logs": self._logs, "published": dict(self._published)}
+            self._metrics, self._logs = [], []
+        return json.dumps(out)
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
 class RayHandle:
-  """One node actor and its `run` call."""
+    """One node actor and its `run` call."""
 
-  def __init__(self, ray, actor, run_ref, node: Node, run_dir: RunDir):
-    self._ray = ray
-    self.actor = actor
-    self._run_ref = run_ref
-    self._node = node
-    self._log_path = run_dir.log_path(node.name)
-    self._metrics_sink = FileSink(run_dir.metrics_path(node.name))
-    self._log_sink = FileSink(self._log_path)
-    self._published: dict[str, Any] = {}
-    self._pending_drain = None
-    self._exit: Exit | None = None
-    self._started = time.monotonic()
-    self._warned_pending = False
+    def __init__(self, ray, actor, run_ref, node: Node, run_dir: RunDir):
+        self._ray = ray
+        self.actor = actor
+        self._run_ref = run_ref
+        self._node = node
+        self._log_path = run_dir.log_path(node.name)
+        self._metrics_sink = FileSink(run_dir.metrics_path(node.name))
+        self._log_sink = FileSink(self._log_path)
+        self._published: dict[str, Any] = {}
+        self._pending_drain = None
+        self._exit: Exit | None = None
+        self._started = time.monotonic()
+        self._warned_pending = False
 
-  def _consume(self, payload: str) -> None:
-    data = json.loads(payload)
-    for line in data["metrics"]:
-      self._metrics_sink(line)
-    for line in data["logs"]:
-      self._log_sink(line)
-    self._published.update(data["published"])
+    def _consume(self, payload: str) -> None:
+        data = json.loads(payload)
+        for line in data["metrics"]:
+            self._metrics_sink(line)
+        for line in data["logs"]:
+            self._log_sink(line)
+        self._published.update(data["published"])
 
-  def poll(self) -> Exit | None:
-    if self._exit is not None:
-      return self._exit
-    ready, _ = self._ray.wait([self._run_ref], timeout=0)
-    if not ready:
-      return None
-    try:
-      self._ray.get(self._run_ref)
-      exit_ = Exit(True)
-    except self._ray.exceptions.RayActorError as e:
-      exit_ = Exit(False, f"its Ray actor died: {str(e).splitlines()[0]}")
-    except self._ray.exceptions.RayTaskError as e:
-      self._log_sink(str(e))
-      cause = e.cause if getattr(e, "cause", None) is not None else e
-      exit_ = Exit(False, f"{type(cause).__name__}: {str(cause).splitlines()[-1][:200]}")
-    self._final_drain()
-    self._exit = exit_
-    return exit_
+    def poll(self) -> Exit | None:
+        if self._exit is not None:
+            return self._exit
+        ready, _ = self._ray.wait([self._run_ref], timeout=0)
+        if not ready:
+            return None
+        try:
+            self._ray.get(self._run_ref)
+            exit_ = Exit(True)
+        except self._ray.exceptions.RayActorError as e:
+            exit_ = Exit(False, f"its Ray actor died: {str(e).splitlines()[0]}")
+        except self._ray.exceptions.RayTaskError as e:
+            self._log_sink(str(e))
+            cause = e.cause if getattr(e, "cause", None) is not None else e
+            exit_ = Exit(False, f"{type(cause).__name__}: {str(cause).splitlines()[-1][:200]}")
+        self._final_drain()
+        self._exit = exit_
+        return exit_
 
-  def _final_drain(self) -> None:
-    try:
-      self._consume(self._ray.get(self.actor.drain.remote(), timeout=10))
-    except Exception:  # pylint: disable=broad-except
-      pass  # A dead actor's buffered lines are lost; its failure is reported anyway.
-    self._ray.kill(self.actor)  # Frees its resources; a no-op if it is already dead.
+    def _final_drain(self) -> None:
+        try:
+            self._consume(self._ray.get(self.actor.drain.remote(), timeout=10))
+        except Exception:  # pylint: disable=broad-except
+            pass  # A dead actor's buffered lines are lost; its failure is reported anyway.
+        self._ray.kill(self.actor)  # Frees its resources; a no-op if it is already dead.
 
-  def request_stop(self) -> None:
-    if self._exit is None:
-      self.actor.stop.remote()
+    def request_stop(self) -> None:
+        if self._exit is None:
+            self.actor.stop.remote()
 
-  def kill(self) -> None:
-    self._ray.kill(self.actor)
-    self._exit = self._exit or Exit(False, "killed")
+    def kill(self) -> None:
+        self._ray.kill(self.actor)
+        self._exit = self._exit or Exit(False, "killed")
 
-  def published(self) -> dict[str, Any]:
-    return dict(self._published)
+    def published(self) -> dict[str, Any]:
+        return dict(self._published)
 
-  def drain(self) -> None:
-    if self._exit is not None:
-      return
-    if self._pending_drain is not None:
-      ready, _ = self._ray.wait([self._pending_drain], timeout=0)
-      if not ready:
-        if not self._warned_pending and time.monotonic() - self._started > 60:
-          self._warned_pending = True
-          self._log_sink(f"still waiting for Ray to place {self._node.name} "
-                         f"(requested {self._node.resources}); check `ray status`.")
-        return
-      try:
-        self._consume(self._ray.get(self._pending_drain))
-      except Exception:  # pylint: disable=broad-except
-        pass  # The actor died; poll() reports it.
-    self._pending_drain = self.actor.drain.remote()
+    def drain(self) -> None:
+        if self._exit is not None:
+            return
+        if self._pending_drain is not None:
+            ready, _ = self._ray.wait([self._pending_drain], timeout=0)
+            if not ready:
+                if not self._warned_pending and time.monotonic() - self._started > 60:
+                    self._warned_pending = True
+                    self._log_sink(
+                        f"still waiting for Ray to place {self._node.name} "
+                        f"(requested {self._node.resources}); check `ray status`."
+                    )
+                return
+            try:
+                self._consume(self._ray.get(self._pending_drain))
+            except Exception:  # pylint: disable=broad-except
+                pass  # The actor died; poll() reports it.
+        self._pending_drain = self.actor.drain.remote()
 
-  def log_hint(self) -> str:
-    return f"Its output: {self._log_path}"
+    def log_hint(self) -> str:
+        return f"Its output: {self._log_path}"
 
 
 class RayBackend:
-  """Runs each node as a Ray actor.
+    """Runs each node as a Ray actor.
 
-  Args:
-    run_dir: The run directory (shared storage on a multi-machine cluster).
-    program: The program, used to size a private local Ray instance.
-    address: A Ray cluster address (``HOST:PORT`` or ``auto``); None starts a local
-      instance, bound to the loopback interface.
-    advertise_host: Host other nodes use to reach servers a node starts; None means
-      the IP of the Ray node the server runs on (needed on a multi-machine cluster).
-  """
+    Args:
+      run_dir: The run directory (shared storage on a multi-machine cluster).
+      program: The program, used to size a private local Ray instance.
+      address: A Ray cluster address (``HOST:PORT`` or ``auto``); None starts a local
+        instance, bound to the loopback interface.
+      advertise_host: Host other nodes use to reach servers a node starts; None means
+        the IP of the Ray node the server runs on (needed on a multi-machine cluster).
+    """
 
-  name = "ray"
+    name = "ray"
 
-  def __init__(self, run_dir: RunDir, program: Program, *, address: str | None = None,
-               advertise_host: str | None = "127.0.0.1"):
-    ray = import_ray(loopback=address is None and advertise_host is not None)
-    self._ray = ray
-    self._run_dir = run_dir
-    self._advertise_host = advertise_host
-    self._owns_instance = address is None
-    if ray.is_initialized():
-      self._owns_instance = False
-    elif address is None:
-      wanted = math.ceil(sum(n.resources.cpus for n in program.nodes))
-      ray.init(num_cpus=max(os.cpu_count() or 1, wanted), include_dashboard=False,
-               log_to_driver=False, configure_logging=False)
-    else:
-      _check_reachable(address)
-      try:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-      except Exception as e:  # pylint: disable=broad-except
-        raise LaunchError(f"cannot connect to the Ray cluster at {address}: {e}. Check that "
-                          "`ray status` works there and that its Ray and Python versions "
-                          "match this machine's.", exit_code=1) from None
-    if advertise_host is not None and _is_loopback(advertise_host):
-      alive = [n for n in ray.nodes() if n.get("Alive")]
-      if len(alive) > 1:
-        raise LaunchError(
-            f"the Ray cluster has {len(alive)} machines but servers would be advertised on "
-            f"{advertise_host}, which other machines cannot reach. Pass --bind-host 0.0.0.0 "
-            "to advertise each server on its machine's IP.")
-    self._actor_class = ray.remote(RayNode)
-    self._handles: list[RayHandle] = []
+    def __init__(
+        self,
+        run_dir: RunDir,
+        program: Program,
+        *,
+        address: str | None = None,
+        advertise_host: str | None = "127.0.0.1",
+    ):
+        ray = import_ray(loopback=address is None and advertise_host is not None)
+        self._ray = ray
+        self._run_dir = run_dir
+        self._advertise_host = advertise_host
+        self._owns_instance = address is None
+        if ray.is_initialized():
+            self._owns_instance = False
+        elif address is None:
+            wanted = math.ceil(sum(n.resources.cpus for n in program.nodes))
+            ray.init(
+                num_cpus=max(os.cpu_count() or 1, wanted),
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        else:
+            _check_reachable(address)
+            try:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+            except Exception as e:  # pylint: disable=broad-except
+                raise LaunchError(
+                    f"cannot connect to the Ray cluster at {address}: {e}. Check that "
+                    "`ray status` works there and that its Ray and Python versions "
+                    "match this machine's.",
+                    exit_code=1,
+                ) from None
+        if advertise_host is not None and _is_loopback(advertise_host):
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            if len(alive) > 1:
+                raise LaunchError(
+                    f"the Ray cluster has {len(alive)} machines but servers would be advertised on "
+                    f"{advertise_host}, which other machines cannot reach. Pass --bind-host 0.0.0.0 "
+                    "to advertise each server on its machine's IP."
+                )
+        self._actor_class = ray.remote(RayNode)
+        self._handles: list[RayHandle] = []
 
-  def start(self, node: Node, kwargs: dict, attempt: int) -> RayHandle:
-    res = node.resources
-    actor = self._actor_class.options(
-        num_cpus=res.cpus, num_gpus=res.gpus, resources=dict(res.custom) or None,
-        max_concurrency=4, max_restarts=0, name=None).remote()
-    spec = {"name": node.name, "entry_point": node.entry_point, "kwargs": kwargs,
-            "run_dir": self._run_dir.root, "attempt": attempt,
-            "advertise_host": self._advertise_host}
-    FileSink(self._run_dir.log_path(node.name))(
-        f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} start #{attempt} of {node.name} (ray)")
-    handle = RayHandle(self._ray, actor, actor.run.remote(json.dumps(spec)), node, self._run_dir)
-    self._handles.append(handle)
-    return handle
+    def start(self, node: Node, kwargs: dict, attempt: int) -> RayHandle:
+        res = node.resources
+        actor = self._actor_class.options(
+            num_cpus=res.cpus,
+            num_gpus=res.gpus,
+            resources=dict(res.custom) or None,
+            max_concurrency=4,
+            max_restarts=0,
+            name=None,
+        ).remote()
+        spec = {
+            "name": node.name,
+            "entry_point": node.entry_point,
+            "kwargs": kwargs,
+            "run_dir": self._run_dir.root,
+            "attempt": attempt,
+            "advertise_host": self._advertise_host,
+        }
+        FileSink(self._run_dir.log_path(node.name))(
+            f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} start #{attempt} of {node.name} (ray)"
+        )
+        handle = RayHandle(
+            self._ray, actor, actor.run.remote(json.dumps(spec)), node, self._run_dir
+        )
+        self._handles.append(handle)
+        return handle
 
-  def close(self) -> None:
-    for h in self._handles:
-      try:
-        self._ray.kill(h.actor)
-      except Exception:  # pylint: disable=broad-except
-        pass
-    if self._owns_instance:
-      self._ray.shutdown()
+    def close(self) -> None:
+        for h in self._handles:
+            try:
+                self._ray.kill(h.actor)
+            except Exception:  # pylint: disable=broad-except
+                pass
+        if self._owns_instance:
+            self._ray.shutdown()
 
 
 def _is_loopback(host: str) -> bool:
-  return host in ("localhost", "::1") or host.startswith("127.")
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -28,122 +28,131 @@ from typing import Any
 
 from launch.errors import LaunchError
 
-
 IDENTITY_FILE = "run.json"
 _LOCK_FILE = ".launch.lock"
 
 
 class RunDirError(LaunchError):
-  """The directory cannot be used for this run; the message says why and what to do."""
+    """The directory cannot be used for this run; the message says why and what to do."""
 
 
 class RunDir:
-  """Paths and identity of one run directory."""
+    """Paths and identity of one run directory."""
 
-  def __init__(self, root: str):
-    self.root = os.path.abspath(os.path.expanduser(root))
-    self._lock_fd: int | None = None
+    def __init__(self, root: str):
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self._lock_fd: int | None = None
 
-  def path(self, *parts: str) -> str:
-    return os.path.join(self.root, *parts)
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
 
-  def metrics_path(self, node: str) -> str:
-    """``metrics/NODE.jsonl``, its folder created."""
-    os.makedirs(self.path("metrics"), exist_ok=True)
-    return self.path("metrics", f"{node}.jsonl")
+    def metrics_path(self, node: str) -> str:
+        """``metrics/NODE.jsonl``, its folder created."""
+        os.makedirs(self.path("metrics"), exist_ok=True)
+        return self.path("metrics", f"{node}.jsonl")
 
-  def log_path(self, node: str) -> str:
-    """``logs/NODE.log``, its folder created."""
-    os.makedirs(self.path("logs"), exist_ok=True)
-    return self.path("logs", f"{node}.log")
+    def log_path(self, node: str) -> str:
+        """``logs/NODE.log``, its folder created."""
+        os.makedirs(self.path("logs"), exist_ok=True)
+        return self.path("logs", f"{node}.log")
 
-  @property
-  def csv_path(self) -> str:
-    return self.path("metrics.csv")
+    @property
+    def csv_path(self) -> str:
+        return self.path("metrics.csv")
 
-  def read_identity(self) -> dict[str, Any] | None:
-    try:
-      with open(self.path(IDENTITY_FILE), encoding="utf-8") as f:
-        return json.load(f)
-    except FileNotFoundError:
-      return None
-    except (OSError, json.JSONDecodeError) as e:
-      raise RunDirError(f"{self.path(IDENTITY_FILE)} is unreadable ({e}); "
-                        "use another --run-dir.") from None
+    def read_identity(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path(IDENTITY_FILE), encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, json.JSONDecodeError) as e:
+            raise RunDirError(
+                f"{self.path(IDENTITY_FILE)} is unreadable ({e}); use another --run-dir."
+            ) from None
 
-  def check_compatible(self, identity: dict[str, Any],
-                       ignore: frozenset[str] = frozenset()) -> bool:
-    """Checks that this directory is new, empty, or made by the same run.
+    def check_compatible(
+        self, identity: dict[str, Any], ignore: frozenset[str] = frozenset()
+    ) -> bool:
+        """Checks that this directory is new, empty, or made by the same run.
 
-    Args:
-      identity: ``{"program": ..., "task": ..., "config": {...}}`` of this launch.
-      ignore: Config keys allowed to differ between launches (e.g. log intervals).
+        Args:
+          identity: ``{"program": ..., "task": ..., "config": {...}}`` of this launch.
+          ignore: Config keys allowed to differ between launches (e.g. log intervals).
 
-    Returns:
-      True when resuming an existing run, False for a new run.
+        Returns:
+          True when resuming an existing run, False for a new run.
 
-    Raises:
-      RunDirError: if the directory belongs to something else. Nothing is written.
-    """
-    if os.path.exists(self.root) and not os.path.isdir(self.root):
-      raise RunDirError(f"--run-dir {self.root} is a file, not a directory.")
-    existing = self.read_identity()
-    if existing is None:
-      if os.path.isdir(self.root) and set(os.listdir(self.root)) - {_LOCK_FILE}:
-        raise RunDirError(
-            f"{self.root} is not empty and is not a run directory (no {IDENTITY_FILE}); "
-            "refusing to write into it. Pass a new or empty --run-dir.")
-      return False
-    problems = []
-    for key in ("program", "task"):
-      if existing.get(key) != identity.get(key):
-        problems.append(f"{key}: the run has {existing.get(key)!r}, this launch asks for "
-                        f"{identity.get(key)!r}")
-    old, new = existing.get("config", {}), identity.get("config", {})
-    for key in sorted(set(old) | set(new)):
-      if key in ignore:
-        continue
-      if old.get(key) != new.get(key):
-        problems.append(f"config.{key}: the run has {old.get(key)!r}, this launch asks for "
-                        f"{new.get(key)!r}")
-    if problems:
-      raise RunDirError(
-          f"{self.root} holds a different run, so it cannot be resumed with these settings:\n  "
-          + "\n  ".join(problems)
-          + "\nResume it without those flags (its own settings are reused), or pass a new --run-dir.")
-    return True
+        Raises:
+          RunDirError: if the directory belongs to something else. Nothing is written.
+        """
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise RunDirError(f"--run-dir {self.root} is a file, not a directory.")
+        existing = self.read_identity()
+        if existing is None:
+            if os.path.isdir(self.root) and set(os.listdir(self.root)) - {_LOCK_FILE}:
+                raise RunDirError(
+                    f"{self.root} is not empty and is not a run directory (no {IDENTITY_FILE}); "
+                    "refusing to write into it. Pass a new or empty --run-dir."
+                )
+            return False
+        problems = []
+        for key in ("program", "task"):
+            if existing.get(key) != identity.get(key):
+                problems.append(
+                    f"{key}: the run has {existing.get(key)!r}, this launch asks for "
+                    f"{identity.get(key)!r}"
+                )
+        old, new = existing.get("config", {}), identity.get("config", {})
+        for key in sorted(set(old) | set(new)):
+            if key in ignore:
+                continue
+            if old.get(key) != new.get(key):
+                problems.append(
+                    f"config.{key}: the run has {old.get(key)!r}, this launch asks for "
+                    f"{new.get(key)!r}"
+                )
+        if problems:
+            raise RunDirError(
+                f"{self.root} holds a different run, so it cannot be resumed with these settings:\n  "
+                + "\n  ".join(problems)
+                + "\nResume it without those flags (its own settings are reused), or pass a new --run-dir."
+            )
+        return True
 
-  def lock(self) -> None:
-    """Takes the directory's lock, creating the directory; refuses a second launcher."""
-    os.makedirs(self.root, exist_ok=True)
-    fd = os.open(self.path(_LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-      os.close(fd)
-      if e.errno in (errno.EAGAIN, errno.EACCES):
-        raise RunDirError(f"another launcher is using {self.root}; stop it first or pass a "
-                          "different --run-dir.") from None
-      raise
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    self._lock_fd = fd
+    def lock(self) -> None:
+        """Takes the directory's lock, creating the directory; refuses a second launcher."""
+        os.makedirs(self.root, exist_ok=True)
+        fd = os.open(self.path(_LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise RunDirError(
+                    f"another launcher is using {self.root}; stop it first or pass a "
+                    "different --run-dir."
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
 
-  def unlock(self) -> None:
-    if self._lock_fd is not None:
-      fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-      os.close(self._lock_fd)
-      self._lock_fd = None
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
-  def write_identity(self, identity: dict[str, Any]) -> None:
-    """Writes run.json (keeping the first launch time) and config.json."""
-    existing = self.read_identity() or {}
-    record = dict(identity)
-    record["created"] = existing.get("created", time.strftime("%Y-%m-%dT%H:%M:%S"))
-    record["launches"] = existing.get("launches", 0) + 1
-    for name, data in ((IDENTITY_FILE, record), ("config.json", identity.get("config", {}))):
-      tmp = self.path(name + ".tmp")
-      with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-      os.replace(tmp, self.path(name))
+    def write_identity(self, identity: dict[str, Any]) -> None:
+        """Writes run.json (keeping the first launch time) and config.json."""
+        existing = self.read_identity() or {}
+        record = dict(identity)
+        record["created"] = existing.get("created", time.strftime("%Y-%m-%dT%H:%M:%S"))
+        record["launches"] = existing.get("launches", 0) + 1
+        for name, data in ((IDENTITY_FILE, record), ("config.json", identity.get("config", {}))):
+            tmp = self.path(name + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(data, f, indent=2, sort_keys=True)
+                f.write("\n")
+            os.replace(tmp, self.path(name))

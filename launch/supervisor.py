@@ -13,264 +13,292 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from launch.program import Node, Program, resolve_refs
 
 
 @dataclasses.dataclass(frozen=True)
 class Exit:
-  """How a node ended: `ok` for a clean return, else a short description."""
-  ok: bool
-  description: str = ""
+    """How a node ended: `ok` for a clean return, else a short description."""
+
+    ok: bool
+    description: str = ""
 
 
 class NodeHandle(Protocol):
-  def poll(self) -> Exit | None: ...          # None while running
-  def request_stop(self) -> None: ...         # ask the body to return
-  def kill(self) -> None: ...                 # end it now (best effort for threads)
-  def published(self) -> dict[str, Any]: ...  # values it published so far
-  def drain(self) -> None: ...                # move buffered metrics/logs to the run dir
-  def log_hint(self) -> str: ...              # where to read its output
+    def poll(self) -> Exit | None: ...  # None while running
+    def request_stop(self) -> None: ...  # ask the body to return
+    def kill(self) -> None: ...  # end it now (best effort for threads)
+    def published(self) -> dict[str, Any]: ...  # values it published so far
+    def drain(self) -> None: ...  # move buffered metrics/logs to the run dir
+    def log_hint(self) -> str: ...  # where to read its output
 
 
 class Backend(Protocol):
-  name: str
-  def start(self, node: Node, kwargs: dict, attempt: int) -> NodeHandle: ...
-  def close(self) -> None: ...
+    name: str
+
+    def start(self, node: Node, kwargs: dict, attempt: int) -> NodeHandle: ...
+    def close(self) -> None: ...
 
 
 @dataclasses.dataclass
 class Outcome:
-  """Why `Supervisor.run` returned.
+    """Why `Supervisor.run` returned.
 
-  Attributes:
-    reason: "finished" (the `finished` callback or every node returned),
-      "interrupted" (signal or `request_stop`), or "failed" (a fatal node failure).
-    message: A human-readable explanation; for "failed", what to do next.
-    restarts: Restarts per node during this run.
-    progress: The launcher's aggregated metrics, when run through `launch.launcher`.
-  """
-  reason: str
-  message: str = ""
-  restarts: dict[str, int] = dataclasses.field(default_factory=dict)
-  progress: Any = None  # The launcher's aggregated metrics (`launch.metrics.Progress`).
+    Attributes:
+      reason: "finished" (the `finished` callback or every node returned),
+        "interrupted" (signal or `request_stop`), or "failed" (a fatal node failure).
+      message: A human-readable explanation; for "failed", what to do next.
+      restarts: Restarts per node during this run.
+      progress: The launcher's aggregated metrics, when run through `launch.launcher`.
+    """
+
+    reason: str
+    message: str = ""
+    restarts: dict[str, int] = dataclasses.field(default_factory=dict)
+    progress: Any = None  # The launcher's aggregated metrics (`launch.metrics.Progress`).
 
 
 @dataclasses.dataclass
 class _State:
-  node: Node
-  handle: NodeHandle | None = None
-  attempt: int = -1
-  started_at: float = 0.0
-  next_start: float = 0.0
-  consecutive_failures: int = 0
-  restarts: int = 0
-  done: bool = False
+    node: Node
+    handle: NodeHandle | None = None
+    attempt: int = -1
+    started_at: float = 0.0
+    next_start: float = 0.0
+    consecutive_failures: int = 0
+    restarts: int = 0
+    done: bool = False
 
 
 class Supervisor:
-  """Starts, watches and stops the nodes of one program.
+    """Starts, watches and stops the nodes of one program.
 
-  Args:
-    program: What to run.
-    backend: Where to run it.
-    on_tick: Called about every `tick_interval` seconds from the supervising thread
-      (progress lines, metrics files); may return True to finish the run.
-    echo: Where supervision messages go (default stderr).
-    stop_grace: If set, caps every node's `stop_timeout` (seconds from a stop
-      request to a kill).
-  """
-
-  def __init__(self, program: Program, backend: Backend, *,
-               on_tick: Callable[[], bool | None] | None = None,
-               tick_interval: float = 1.0,
-               poll_interval: float = 0.2,
-               stop_grace: float | None = None,
-               echo: Callable[[str], None] | None = None):
-    self._program = program
-    self._backend = backend
-    self._on_tick = on_tick
-    self._tick_interval = tick_interval
-    self._poll_interval = poll_interval
-    self._stop_grace = stop_grace
-    self._echo = echo or (lambda m: print(m, file=sys.stderr, flush=True))
-    self._states = {n.name: _State(n) for n in program.nodes}
-    self._published: dict[str, Any] = {}
-    self._stop = threading.Event()
-    self._force = threading.Event()
-    self._fatal: str | None = None
-    self._stop_reason = "interrupted"
-
-  # Control from other threads or signal handlers.
-  def request_stop(self, reason: str = "interrupted") -> None:
-    self._stop_reason = reason
-    self._stop.set()
-
-  def handles(self) -> dict[str, NodeHandle]:
-    """The live handle of every node started so far (for tests and tools)."""
-    return {name: s.handle for name, s in self._states.items() if s.handle is not None}
-
-  def restarts(self) -> dict[str, int]:
-    return {name: s.restarts for name, s in self._states.items()}
-
-  @property
-  def published(self) -> dict[str, Any]:
-    return dict(self._published)
-
-  def run(self) -> Outcome:
-    """Runs the program until it finishes, fails, or is asked to stop."""
-    previous = self._install_signal_handlers()
-    try:
-      self._loop()
-    finally:
-      try:
-        self._shutdown()
-      finally:
-        self._restore_signal_handlers(previous)
-    restarts = self.restarts()
-    if self._fatal is not None:
-      return Outcome("failed", self._fatal, restarts)
-    return Outcome(self._stop_reason, "", restarts)
-
-  # Internals.
-  def _install_signal_handlers(self):
-    if threading.current_thread() is not threading.main_thread():
-      return None
-    def handler(signum, frame):
-      del frame
-      if self._stop.is_set():
-        self._echo("[launch] second signal: killing every node now")
-        self._force.set()
-      else:
-        self._echo(f"[launch] {signal.Signals(signum).name}: stopping every node "
-                   "(press Ctrl-C again to kill them at once)")
-        self.request_stop("interrupted")
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in previous:
-      signal.signal(s, handler)
-    return previous
-
-  def _restore_signal_handlers(self, previous):
-    if previous:
-      for s, h in previous.items():
-        signal.signal(s, h)
-
-  def _loop(self) -> None:
-    next_tick = 0.0
-    while not self._stop.is_set():
-      now = time.monotonic()
-      self._collect_published()
-      for state in self._states.values():
-        if self._stop.is_set():
-          break
-        if state.handle is None and not state.done and now >= state.next_start:
-          self._maybe_start(state)
-        elif state.handle is not None:
-          self._check(state)
-      if all(s.done for s in self._states.values()):
-        self.request_stop("finished")
-      if now >= next_tick:
-        next_tick = now + self._tick_interval
-        for state in self._states.values():
-          if state.handle is not None:
-            state.handle.drain()
-        if self._on_tick is not None and self._on_tick():
-          self.request_stop("finished")
-      self._stop.wait(self._poll_interval)
-
-  def _collect_published(self) -> None:
-    for state in self._states.values():
-      if state.handle is not None:
-        self._published.update(state.handle.published())
-
-  def _maybe_start(self, state: _State) -> None:
-    missing = [k for k in state.node.refs() if k not in self._published]
-    if missing:
-      return
-    kwargs = resolve_refs(state.node.kwargs, self._published)
-    state.attempt += 1
-    state.started_at = time.monotonic()
-    try:
-      state.handle = self._backend.start(state.node, kwargs, state.attempt)
-    except Exception as e:  # pylint: disable=broad-except
-      # The backend could not start it (e.g. no resources): a failure like any other.
-      self._on_failure(state, Exit(False, f"could not start: {type(e).__name__}: {e}"),
-                       hint="")
-
-  def _check(self, state: _State) -> None:
-    exit_ = state.handle.poll()
-    if exit_ is None:
-      if (state.consecutive_failures and
-          time.monotonic() - state.started_at > state.node.restart.healthy_after):
-        state.consecutive_failures = 0
-      return
-    state.handle.drain()
-    self._published.update(state.handle.published())
-    if exit_.ok:
-      self._echo(f"[launch] {state.node.name} finished")
-      state.done, state.handle = True, None
-      return
-    hint = state.handle.log_hint()
-    state.handle = None
-    self._on_failure(state, exit_, hint)
-
-  def _on_failure(self, state: _State, exit_: Exit, hint: str) -> None:
-    name, policy = state.node.name, state.node.restart
-    state.consecutive_failures += 1
-    if not policy.restart or state.consecutive_failures > policy.max_consecutive_failures:
-      why = ("it is not restartable" if not policy.restart else
-             f"it failed {state.consecutive_failures} times in a row")
-      self._fatal = (f"node {name!r} failed ({exit_.description}) and {why}; stopping the run. "
-                     f"{hint} {policy.fatal_hint}").strip()
-      self._echo(f"[launch] {self._fatal}")
-      self.request_stop("failed")
-      return
-    delay = policy.backoff(state.consecutive_failures)
-    state.restarts += 1
-    state.next_start = time.monotonic() + delay
-    self._echo(f"[launch] {name} failed ({exit_.description}); restart #{state.restarts} "
-               f"in {delay:.1f}s. {hint}")
-
-  def _running(self, phase: int | None = None) -> list[_State]:
-    return [s for s in self._states.values() if s.handle is not None and
-            (phase is None or s.node.stop_phase == phase)]
-
-  def _reap(self) -> None:
-    for state in self._running():
-      exit_ = state.handle.poll()
-      if exit_ is not None:
-        state.handle.drain()
-        if not exit_.ok and not self._force.is_set():
-          self._echo(f"[launch] {state.node.name} stopped ({exit_.description})")
-        state.handle = None
-
-  def _shutdown(self) -> None:
-    """Stops the nodes phase by phase; a node still running after its timeout is killed.
-
-    Phases let a program stop its nodes in the order that keeps state consistent,
-    e.g. the learner first (it saves a checkpoint while actors still feed it), then
-    the actors, then the replay server (which saves its tables last).
+    Args:
+      program: What to run.
+      backend: Where to run it.
+      on_tick: Called about every `tick_interval` seconds from the supervising thread
+        (progress lines, metrics files); may return True to finish the run.
+      echo: Where supervision messages go (default stderr).
+      stop_grace: If set, caps every node's `stop_timeout` (seconds from a stop
+        request to a kill).
     """
-    for phase in sorted({s.node.stop_phase for s in self._states.values()}):
-      now = time.monotonic()
-      deadlines = {}
-      for state in self._running(phase):
-        state.handle.request_stop()
-        timeout = state.node.stop_timeout
-        if self._stop_grace is not None:
-          timeout = min(timeout, self._stop_grace)
-        deadlines[state.node.name] = (now + timeout, timeout)
-      while self._running(phase):
-        self._reap()
-        for state in self._running(phase):
-          deadline, timeout = deadlines[state.node.name]
-          if self._force.is_set() or time.monotonic() >= deadline:
-            if not self._force.is_set():
-              self._echo(f"[launch] {state.node.name}: still running {timeout:g}s after the "
-                         "stop request (blocked in a call); killed")
-            state.handle.kill()
-            state.handle.drain()
-            state.handle = None
-        time.sleep(0.05)
-    self._backend.close()
+
+    def __init__(
+        self,
+        program: Program,
+        backend: Backend,
+        *,
+        on_tick: Callable[[], bool | None] | None = None,
+        tick_interval: float = 1.0,
+        poll_interval: float = 0.2,
+        stop_grace: float | None = None,
+        echo: Callable[[str], None] | None = None,
+    ):
+        self._program = program
+        self._backend = backend
+        self._on_tick = on_tick
+        self._tick_interval = tick_interval
+        self._poll_interval = poll_interval
+        self._stop_grace = stop_grace
+        self._echo = echo or (lambda m: print(m, file=sys.stderr, flush=True))
+        self._states = {n.name: _State(n) for n in program.nodes}
+        self._published: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._force = threading.Event()
+        self._fatal: str | None = None
+        self._stop_reason = "interrupted"
+
+    # Control from other threads or signal handlers.
+    def request_stop(self, reason: str = "interrupted") -> None:
+        self._stop_reason = reason
+        self._stop.set()
+
+    def handles(self) -> dict[str, NodeHandle]:
+        """The live handle of every node started so far (for tests and tools)."""
+        return {name: s.handle for name, s in self._states.items() if s.handle is not None}
+
+    def restarts(self) -> dict[str, int]:
+        return {name: s.restarts for name, s in self._states.items()}
+
+    @property
+    def published(self) -> dict[str, Any]:
+        return dict(self._published)
+
+    def run(self) -> Outcome:
+        """Runs the program until it finishes, fails, or is asked to stop."""
+        previous = self._install_signal_handlers()
+        try:
+            self._loop()
+        finally:
+            try:
+                self._shutdown()
+            finally:
+                self._restore_signal_handlers(previous)
+        restarts = self.restarts()
+        if self._fatal is not None:
+            return Outcome("failed", self._fatal, restarts)
+        return Outcome(self._stop_reason, "", restarts)
+
+    # Internals.
+    def _install_signal_handlers(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):
+            del frame
+            if self._stop.is_set():
+                self._echo("[launch] second signal: killing every node now")
+                self._force.set()
+            else:
+                self._echo(
+                    f"[launch] {signal.Signals(signum).name}: stopping every node "
+                    "(press Ctrl-C again to kill them at once)"
+                )
+                self.request_stop("interrupted")
+
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in previous:
+            signal.signal(s, handler)
+        return previous
+
+    def _restore_signal_handlers(self, previous):
+        if previous:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def _loop(self) -> None:
+        next_tick = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            self._collect_published()
+            for state in self._states.values():
+                if self._stop.is_set():
+                    break
+                if state.handle is None and not state.done and now >= state.next_start:
+                    self._maybe_start(state)
+                elif state.handle is not None:
+                    self._check(state)
+            if all(s.done for s in self._states.values()):
+                self.request_stop("finished")
+            if now >= next_tick:
+                next_tick = now + self._tick_interval
+                for state in self._states.values():
+                    if state.handle is not None:
+                        state.handle.drain()
+                if self._on_tick is not None and self._on_tick():
+                    self.request_stop("finished")
+            self._stop.wait(self._poll_interval)
+
+    def _collect_published(self) -> None:
+        for state in self._states.values():
+            if state.handle is not None:
+                self._published.update(state.handle.published())
+
+    def _maybe_start(self, state: _State) -> None:
+        missing = [k for k in state.node.refs() if k not in self._published]
+        if missing:
+            return
+        kwargs = resolve_refs(state.node.kwargs, self._published)
+        state.attempt += 1
+        state.started_at = time.monotonic()
+        try:
+            state.handle = self._backend.start(state.node, kwargs, state.attempt)
+        except Exception as e:  # pylint: disable=broad-except
+            # The backend could not start it (e.g. no resources): a failure like any other.
+            self._on_failure(
+                state, Exit(False, f"could not start: {type(e).__name__}: {e}"), hint=""
+            )
+
+    def _check(self, state: _State) -> None:
+        exit_ = state.handle.poll()
+        if exit_ is None:
+            if (
+                state.consecutive_failures
+                and time.monotonic() - state.started_at > state.node.restart.healthy_after
+            ):
+                state.consecutive_failures = 0
+            return
+        state.handle.drain()
+        self._published.update(state.handle.published())
+        if exit_.ok:
+            self._echo(f"[launch] {state.node.name} finished")
+            state.done, state.handle = True, None
+            return
+        hint = state.handle.log_hint()
+        state.handle = None
+        self._on_failure(state, exit_, hint)
+
+    def _on_failure(self, state: _State, exit_: Exit, hint: str) -> None:
+        name, policy = state.node.name, state.node.restart
+        state.consecutive_failures += 1
+        if not policy.restart or state.consecutive_failures > policy.max_consecutive_failures:
+            why = (
+                "it is not restartable"
+                if not policy.restart
+                else f"it failed {state.consecutive_failures} times in a row"
+            )
+            self._fatal = (
+                f"node {name!r} failed ({exit_.description}) and {why}; stopping the run. "
+                f"{hint} {policy.fatal_hint}"
+            ).strip()
+            self._echo(f"[launch] {self._fatal}")
+            self.request_stop("failed")
+            return
+        delay = policy.backoff(state.consecutive_failures)
+        state.restarts += 1
+        state.next_start = time.monotonic() + delay
+        self._echo(
+            f"[launch] {name} failed ({exit_.description}); restart #{state.restarts} "
+            f"in {delay:.1f}s. {hint}"
+        )
+
+    def _running(self, phase: int | None = None) -> list[_State]:
+        return [
+            s
+            for s in self._states.values()
+            if s.handle is not None and (phase is None or s.node.stop_phase == phase)
+        ]
+
+    def _reap(self) -> None:
+        for state in self._running():
+            exit_ = state.handle.poll()
+            if exit_ is not None:
+                state.handle.drain()
+                if not exit_.ok and not self._force.is_set():
+                    self._echo(f"[launch] {state.node.name} stopped ({exit_.description})")
+                state.handle = None
+
+    def _shutdown(self) -> None:
+        """Stops the nodes phase by phase; a node still running after its timeout is killed.
+
+        Phases let a program stop its nodes in the order that keeps state consistent,
+        e.g. the learner first (it saves a checkpoint while actors still feed it), then
+        the actors, then the replay server (which saves its tables last).
+        """
+        for phase in sorted({s.node.stop_phase for s in self._states.values()}):
+            now = time.monotonic()
+            deadlines = {}
+            for state in self._running(phase):
+                state.handle.request_stop()
+                timeout = state.node.stop_timeout
+                if self._stop_grace is not None:
+                    timeout = min(timeout, self._stop_grace)
+                deadlines[state.node.name] = (now + timeout, timeout)
+            while self._running(phase):
+                self._reap()
+                for state in self._running(phase):
+                    deadline, timeout = deadlines[state.node.name]
+                    if self._force.is_set() or time.monotonic() >= deadline:
+                        if not self._force.is_set():
+                            self._echo(
+                                f"[launch] {state.node.name}: still running {timeout:g}s after the "
+                                "stop request (blocked in a call); killed"
+                            )
+                        state.handle.kill()
+                        state.handle.drain()
+                        state.handle = None
+                time.sleep(0.05)
+        self._backend.close()

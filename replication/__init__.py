@@ -24,6 +24,7 @@ from replication.optimizers import ReplicatedOptimizer
 from replication.replicator import BatchSplitError, Replicator
 
 __all__ = [
+    "VALID_FORMS",
     "BatchSplitError",
     "CrossReplicaBatchNorm",
     "Deployment",
@@ -33,7 +34,6 @@ __all__ = [
     "ReplicatedOptimizer",
     "Replicator",
     "SpectralNorm",
-    "VALID_FORMS",
     "all_gather",
     "all_reduce",
     "broadcast",

@@ -73,11 +73,13 @@ def all_reduce(value: Any, op: str = "mean") -> Any:
     _check_op(op)
     context = _replica_context("all_reduce")
     if op in _REDUCE_OPS:
+
         def reduce_one(x):
             x = tf.convert_to_tensor(x)
             if op == "mean" and not x.dtype.is_floating:
                 x = tf.cast(x, tf.float32)
             return x
+
         value = tf.nest.map_structure(reduce_one, value)
         return _reduce_grouped(context, _REDUCE_OPS[op], value)
     # max/min: tf.distribute has no such ReduceOp; gather one slice per replica
@@ -132,11 +134,13 @@ def broadcast(value: Any, source: int = 0) -> Any:
             return tf.cast(tf.logical_and(x, is_source), tf.int32)
         return tf.where(is_source, x, tf.zeros_like(x))
 
-    summed = _reduce_grouped(context, tf.distribute.ReduceOp.SUM, tf.nest.map_structure(masked, value))
+    summed = _reduce_grouped(
+        context, tf.distribute.ReduceOp.SUM, tf.nest.map_structure(masked, value)
+    )
     return tf.nest.map_structure(
-        lambda original, result: tf.cast(result, tf.bool)
-        if tf.convert_to_tensor(original).dtype == tf.bool
-        else result,
+        lambda original, result: (
+            tf.cast(result, tf.bool) if tf.convert_to_tensor(original).dtype == tf.bool else result
+        ),
         value,
         summed,
     )

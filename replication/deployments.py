@@ -112,8 +112,4 @@ def parse(spec: str) -> Deployment:
 
 def _message(spec: str, detail: str | None = None) -> str:
     why = f" ({detail})" if detail else ""
-    return (
-        f"Unknown replication spec {spec!r}{why}. Valid forms: "
-        + ", ".join(VALID_FORMS)
-        + "."
-    )
+    return f"Unknown replication spec {spec!r}{why}. Valid forms: " + ", ".join(VALID_FORMS) + "."

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import sonnet as snt
 import tensorflow as tf
@@ -20,9 +20,14 @@ from replication.devices import ensure_logical_cpus
 from replication.replicator import Replicator
 
 
-def make(spec: str = "cpu", *, workers: Sequence[str] | None = None,
-         task_index: int | None = None, cluster: Mapping[str, Sequence[str]] | None = None,
-         collective_timeout: float | None = 300.0) -> Replicator:
+def make(
+    spec: str = "cpu",
+    *,
+    workers: Sequence[str] | None = None,
+    task_index: int | None = None,
+    cluster: Mapping[str, Sequence[str]] | None = None,
+    collective_timeout: float | None = 300.0,
+) -> Replicator:
     """Builds a Replicator for `spec` (see `replication.deployments` for the forms).
 
     Args:
@@ -76,7 +81,7 @@ class _LocalReplicator(snt.distribute.Replicator):
 def _make_cpu(deployment: Deployment) -> Replicator:
     replicas, per_replica = deployment.replicas, deployment.devices_per_replica
     devices = ensure_logical_cpus(replicas * per_replica)
-    groups = [devices[i * per_replica:(i + 1) * per_replica] for i in range(replicas)]
+    groups = [devices[i * per_replica : (i + 1) * per_replica] for i in range(replicas)]
     strategy = _LocalReplicator(devices=[group[0] for group in groups])
     return Replicator(strategy, deployment, device_groups=groups)
 
@@ -117,26 +122,37 @@ def _tf_config_resolver(missing_message: str):
     return tf.distribute.cluster_resolver.TFConfigClusterResolver()
 
 
-def _make_multiworker(deployment: Deployment, workers: Sequence[str] | None,
-                      task_index: int | None, timeout: float | None) -> Replicator:
+def _make_multiworker(
+    deployment: Deployment,
+    workers: Sequence[str] | None,
+    task_index: int | None,
+    timeout: float | None,
+) -> Replicator:
     if workers is not None:
         if task_index is None or not 0 <= task_index < len(workers):
             raise ValueError(
                 f"'multiworker' with workers={list(workers)} needs task_index in "
-                f"[0, {len(workers)}) naming this process.")
+                f"[0, {len(workers)}) naming this process."
+            )
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec({"worker": list(workers)}),
-            task_type="worker", task_id=task_index, rpc_layer="grpc")
+            task_type="worker",
+            task_id=task_index,
+            rpc_layer="grpc",
+        )
     else:
         resolver = _tf_config_resolver(
             "The 'multiworker' spec needs a cluster: set TF_CONFIG (JSON with "
             "'cluster' and 'task') in every worker, or call "
-            "replication.make('multiworker', workers=['host:port', ...], task_index=i).")
+            "replication.make('multiworker', workers=['host:port', ...], task_index=i)."
+        )
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
-        timeout_seconds=timeout)
+        timeout_seconds=timeout,
+    )
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver, communication_options=options)
+        cluster_resolver=resolver, communication_options=options
+    )
     _allow_sonnet_optimizers(type(strategy))
     return Replicator(strategy, deployment)
 
@@ -150,26 +166,31 @@ def _make_tpu(deployment: Deployment) -> Replicator:
     return Replicator(strategy, deployment)
 
 
-def _make_parameter_server(deployment: Deployment,
-                           cluster: Mapping[str, Sequence[str]] | None) -> Replicator:
+def _make_parameter_server(
+    deployment: Deployment, cluster: Mapping[str, Sequence[str]] | None
+) -> Replicator:
     if cluster is not None:
         missing = [job for job in ("worker", "ps") if not cluster.get(job)]
         if missing:
-            raise ValueError(f"'ps' cluster needs at least one {' and one '.join(missing)} address.")
+            raise ValueError(
+                f"'ps' cluster needs at least one {' and one '.join(missing)} address."
+            )
         spec = {job: list(addresses) for job, addresses in cluster.items()}
         if "chief" in spec:
             resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-                tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
+                tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc"
+            )
         else:  # the coordinator needs no server of its own
             resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-                tf.train.ClusterSpec(spec), rpc_layer="grpc")
+                tf.train.ClusterSpec(spec), rpc_layer="grpc"
+            )
     else:
         resolver = _tf_config_resolver(
             "The 'ps' spec needs a cluster: set TF_CONFIG with 'chief', 'worker' "
             "and 'ps' jobs on the coordinator, or call replication.make('ps', "
-            "cluster={'chief': [...], 'worker': [...], 'ps': [...]}).")
+            "cluster={'chief': [...], 'worker': [...], 'ps': [...]})."
+        )
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     _allow_sonnet_optimizers(type(strategy))
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     return Replicator(strategy, deployment, coordinator=coordinator)
-

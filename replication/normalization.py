@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from replication.variables import create_in_scope
 
+
 class CrossReplicaBatchNorm(snt.distribute.CrossReplicaBatchNorm):
     """Sonnet's cross-replica batch norm, with moving averages made for you.
 
@@ -22,24 +23,43 @@ class CrossReplicaBatchNorm(snt.distribute.CrossReplicaBatchNorm):
     exponential moving averages with `decay_rate` are created.
     """
 
-    def __init__(self, create_scale: bool = True, create_offset: bool = True,
-                 moving_mean: snt.Metric | None = None,
-                 moving_variance: snt.Metric | None = None,
-                 eps: float = 1e-5, scale_init=None, offset_init=None,
-                 data_format: str = "channels_last", decay_rate: float = 0.999,
-                 name: str | None = None):
+    def __init__(
+        self,
+        create_scale: bool = True,
+        create_offset: bool = True,
+        moving_mean: snt.Metric | None = None,
+        moving_variance: snt.Metric | None = None,
+        eps: float = 1e-5,
+        scale_init=None,
+        offset_init=None,
+        data_format: str = "channels_last",
+        decay_rate: float = 0.999,
+        name: str | None = None,
+    ):
         super().__init__(
-            create_scale, create_offset,
+            create_scale,
+            create_offset,
             moving_mean or snt.ExponentialMovingAverage(decay_rate, name="moving_mean"),
             moving_variance or snt.ExponentialMovingAverage(decay_rate, name="moving_variance"),
-            eps=eps, scale_init=scale_init, offset_init=offset_init,
-            data_format=data_format, name=name)
+            eps=eps,
+            scale_init=scale_init,
+            offset_init=offset_init,
+            data_format=data_format,
+            name=name,
+        )
 
-    def __call__(self, inputs: tf.Tensor, is_training, test_local_stats=False,
-                 scale: tf.Tensor | None = None, offset: tf.Tensor | None = None) -> tf.Tensor:
+    def __call__(
+        self,
+        inputs: tf.Tensor,
+        is_training,
+        test_local_stats=False,
+        scale: tf.Tensor | None = None,
+        offset: tf.Tensor | None = None,
+    ) -> tf.Tensor:
         self._create_moving_averages(inputs)
-        return super().__call__(inputs, is_training, test_local_stats=test_local_stats,
-                                scale=scale, offset=offset)
+        return super().__call__(
+            inputs, is_training, test_local_stats=test_local_stats, scale=scale, offset=offset
+        )
 
     @snt.once
     def _create_moving_averages(self, inputs: tf.Tensor) -> None:
@@ -54,6 +74,7 @@ class CrossReplicaBatchNorm(snt.distribute.CrossReplicaBatchNorm):
             for average in (self.moving_mean, self.moving_variance):
                 if hasattr(average, "initialize"):
                     average.initialize(tf.zeros(shape, dtype))
+
         create_in_scope(create)
 
     def _moments(self, inputs: tf.Tensor, use_batch_stats) -> tuple[tf.Tensor, tf.Tensor]:
@@ -66,7 +87,8 @@ class CrossReplicaBatchNorm(snt.distribute.CrossReplicaBatchNorm):
             raise TypeError(
                 "CrossReplicaBatchNorm with batch statistics (is_training=True) must "
                 "run inside a step function run by Replicator.run; outside a step "
-                "call it with is_training=False.")
+                "call it with is_training=False."
+            )
         return super()._moments(inputs, use_batch_stats)
 
 
@@ -90,8 +112,9 @@ class SpectralNorm(snt.Module):
         w_bar = sn(linear.w, is_training=True)
     """
 
-    def __init__(self, n_power_iterations: int = 1, epsilon: float = 1e-12,
-                 name: str | None = None):
+    def __init__(
+        self, n_power_iterations: int = 1, epsilon: float = 1e-12, name: str | None = None
+    ):
         super().__init__(name=name)
         if n_power_iterations < 1:
             raise ValueError("n_power_iterations must be >= 1.")
@@ -109,6 +132,7 @@ class SpectralNorm(snt.Module):
             initial = tf.random.normal([1, fan_out], dtype=dtype)
             self.u = tf.Variable(initial / tf.norm(initial), trainable=False, name="u")
             self.sigma = tf.Variable(tf.ones([], dtype), trainable=False, name="sigma")
+
         # In scope and eagerly, so u starts identical on every replica even when
         # the first call is inside a replicated step.
         create_in_scope(create)

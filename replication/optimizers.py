@@ -9,7 +9,8 @@ batch N*B, which is the guarantee the tests check.
 
 from __future__ import annotations
 
-from typing import Callable, ContextManager, Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager as ContextManager
 
 import sonnet as snt
 import tensorflow as tf
@@ -29,9 +30,13 @@ class ReplicatedOptimizer(snt.Module):
         worker applies its own gradients and nothing is all-reduced.
     """
 
-    def __init__(self, optimizer: snt.Optimizer,
-                 scope: Callable[[], ContextManager] | None = None, synchronous: bool = True,
-                 name: str | None = None):
+    def __init__(
+        self,
+        optimizer: snt.Optimizer,
+        scope: Callable[[], ContextManager] | None = None,
+        synchronous: bool = True,
+        name: str | None = None,
+    ):
         super().__init__(name=name or f"replicated_{optimizer.name}")
         if isinstance(optimizer, ReplicatedOptimizer):
             raise ValueError(
@@ -47,8 +52,7 @@ class ReplicatedOptimizer(snt.Module):
     def learning_rate(self):
         return getattr(self.optimizer, "learning_rate", None)
 
-    def apply(self, updates: Sequence[tf.Tensor | None],
-              parameters: Sequence[tf.Variable]) -> None:
+    def apply(self, updates: Sequence[tf.Tensor | None], parameters: Sequence[tf.Variable]) -> None:
         """Averages `updates` across replicas, then applies them to `parameters`.
 
         Runs in replica context. Parameters whose update is None (unused in the
@@ -72,8 +76,7 @@ class ReplicatedOptimizer(snt.Module):
             raise ValueError("No updates provided for any parameter (all gradients are None).")
         updates = list(updates)
         if self._synchronous and context.num_replicas_in_sync > 1:
-            reduced = context.all_reduce(
-                tf.distribute.ReduceOp.MEAN, [updates[i] for i in present])
+            reduced = context.all_reduce(tf.distribute.ReduceOp.MEAN, [updates[i] for i in present])
             for i, update in zip(present, reduced):
                 updates[i] = update
         if not self._state_created:
@@ -100,5 +103,6 @@ class ReplicatedOptimizer(snt.Module):
             # Sonnet's optimizers expose no public "build"; `_initialize` is the
             # once-only slot constructor every stateful one of them defines.
             self.optimizer._initialize(list(parameters))  # pylint: disable=protected-access
+
         create_in_scope(create, self._scope)
         self._state_created = True

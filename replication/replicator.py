@@ -16,7 +16,8 @@ passed to `run` executes in replica context.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import sonnet as snt
 import tensorflow as tf
@@ -54,14 +55,20 @@ class Replicator:
             return repl.reduce(repl.run(step, *next(it)), "mean")
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, deployment: Deployment,
-                 device_groups: Sequence[Sequence[str]] | None = None,
-                 coordinator: Any = None):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        deployment: Deployment,
+        device_groups: Sequence[Sequence[str]] | None = None,
+        coordinator: Any = None,
+    ):
         self.strategy = strategy
         self.deployment = deployment
         self.coordinator = coordinator
         # Maps each replica's primary device to all devices of that replica.
-        self._device_groups = {_device_key(group[0]): list(group) for group in (device_groups or [])}
+        self._device_groups = {
+            _device_key(group[0]): list(group) for group in (device_groups or [])
+        }
         variables.register_scope(strategy, self.scope)
 
     # ----------------------------------------------------------------- basics
@@ -90,7 +97,8 @@ class Replicator:
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.strategy.scope())
             if not self.is_asynchronous and not isinstance(
-                    self.strategy, snt.distribute.Replicator):
+                self.strategy, snt.distribute.Replicator
+            ):
                 stack.enter_context(tf.variable_creator_scope(replica_local_creator))
             yield
 
@@ -122,7 +130,8 @@ class Replicator:
         """
         if self.is_asynchronous:
             return self.coordinator.create_per_worker_dataset(
-                lambda: self.strategy.distribute_datasets_from_function(input_fn))
+                lambda: self.strategy.distribute_datasets_from_function(input_fn)
+            )
         return self.strategy.distribute_datasets_from_function(input_fn)
 
     def distribute_dataset(self, dataset: tf.data.Dataset):
@@ -160,10 +169,12 @@ class Replicator:
         if op in ("sum", "mean"):
             reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
             return tf.nest.map_structure(
-                lambda v: self.strategy.reduce(reduce_op, v, axis=None), values)
+                lambda v: self.strategy.reduce(reduce_op, v, axis=None), values
+            )
         reduced = self.strategy.run(lambda v: collectives.all_reduce(v, op), args=(values,))
         return tf.nest.map_structure(
-            lambda v: self.strategy.experimental_local_results(v)[0], reduced)
+            lambda v: self.strategy.experimental_local_results(v)[0], reduced
+        )
 
     def gather(self, values: Any, axis: int = 0) -> Any:
         """Concatenates per-replica `values` along `axis`, in replica order."""
@@ -189,7 +200,8 @@ class Replicator:
         context = tf.distribute.get_replica_context()
         if context is None:
             raise collectives.NotInReplicaContextError(
-                "logical_device must be used inside a step function run by Replicator.run.")
+                "logical_device must be used inside a step function run by Replicator.run."
+            )
         if not 0 <= index < self.devices_per_replica:
             raise ValueError(
                 f"logical_device({index}) is out of range: each replica of "

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Callable, ContextManager, TypeVar
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from typing import TypeVar
 
 import tensorflow as tf
 
@@ -21,8 +23,9 @@ T = TypeVar("T")
 
 # strategy -> weak reference to the `scope` method of the Replicator owning it
 # (weak, so neither keeps the other alive).
-_SCOPES: "weakref.WeakKeyDictionary[tf.distribute.Strategy, weakref.WeakMethod]" = (
-    weakref.WeakKeyDictionary())
+_SCOPES: weakref.WeakKeyDictionary[tf.distribute.Strategy, weakref.WeakMethod] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def register_scope(strategy: tf.distribute.Strategy, scope: Callable[[], ContextManager]) -> None:
@@ -38,8 +41,9 @@ def _scope_for(strategy: tf.distribute.Strategy | None) -> ContextManager:
     return scope() if scope is not None else strategy.scope()
 
 
-def create_in_scope(create: Callable[[], T],
-                    scope: Callable[[], ContextManager] | None = None) -> T:
+def create_in_scope(
+    create: Callable[[], T], scope: Callable[[], ContextManager] | None = None
+) -> T:
     """Runs `create()` eagerly in a Replicator's variable scope and returns its result.
 
     The scope is `scope()` when given (an object that knows its Replicator, like a
@@ -53,7 +57,8 @@ def create_in_scope(create: Callable[[], T],
     context = tf.distribute.get_replica_context()
     if tf.distribute.has_strategy() and context is not None:
         return context.merge_call(
-            lambda merged: _create_eagerly(scope or (lambda: _scope_for(merged)), create))
+            lambda merged: _create_eagerly(scope or (lambda: _scope_for(merged)), create)
+        )
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
     return _create_eagerly(scope or (lambda: _scope_for(strategy)), create)
 

@@ -27,13 +27,21 @@ def python_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_python(code: str, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+def run_python(
+    code: str, *args: str, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter (fresh TensorFlow devices); raises on failure."""
     result = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True,
-        timeout=timeout, env=python_env(**env), cwd=REPO_ROOT)
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=python_env(**env),
+        cwd=REPO_ROOT,
+    )
     if result.returncode != 0:
         raise AssertionError(
             f"child exited {result.returncode}\nstdout:\n{result.stdout[-4000:]}\n"
-            f"stderr:\n{result.stderr[-4000:]}")
+            f"stderr:\n{result.stderr[-4000:]}"
+        )
     return result

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import sonnet as snt
@@ -33,8 +33,7 @@ import tensorflow as tf
 
 import replication
 from vision import precision as precision_lib
-from vision import resnet
-from vision import training_common
+from vision import resnet, training_common
 from vision.data import EVAL, TRAIN, ImageDataset, open_dataset
 
 SCHEDULES = ("cosine", "step")
@@ -50,31 +49,32 @@ class ClassificationConfig:
 
     Defaults are ResNet-50 v1.5 on ImageNet at a batch size of 256.
     """
-    data: str = "digits"                      # "digits" or an ImageNet directory
-    num_classes: int | None = None            # None: from the data
-    image_size: int | None = None             # None: the data's usual size (224, digits 16)
+
+    data: str = "digits"  # "digits" or an ImageNet directory
+    num_classes: int | None = None  # None: from the data
+    image_size: int | None = None  # None: the data's usual size (224, digits 16)
     blocks_per_group: tuple[int, ...] = (3, 4, 6, 3)
     channels_per_group: tuple[int, ...] = (256, 512, 1024, 2048)
-    stem: str = "auto"                        # "imagenet", "small", or by image size
+    stem: str = "auto"  # "imagenet", "small", or by image size
     stem_channels: int = 64
     zero_init_last_bn: bool = True
     bn_decay: float = 0.9
-    stride_in_1x1: bool = False               # True: ResNet v1 (as Keras) instead of v1.5
-    batch_size: int = 256                     # global, over all replicas
+    stride_in_1x1: bool = False  # True: ResNet v1 (as Keras) instead of v1.5
+    batch_size: int = 256  # global, over all replicas
     steps: int = 1000
-    base_learning_rate: float = 0.1           # for a batch of 256; scaled linearly
-    warmup_steps: int | None = None           # None: 5% of steps
-    schedule: str = "cosine"                  # "cosine" or "step"
+    base_learning_rate: float = 0.1  # for a batch of 256; scaled linearly
+    warmup_steps: int | None = None  # None: 5% of steps
+    schedule: str = "cosine"  # "cosine" or "step"
     step_boundaries: tuple[float, ...] = (30 / 90, 60 / 90, 80 / 90)  # fractions of steps
     step_decay: float = 0.1
     momentum: float = 0.9
     label_smoothing: float = 0.1
     weight_decay: float = 1e-4
-    precision: str = "float32"                # or "bfloat16"
-    replicas: str = "cpu"                     # replication spec
+    precision: str = "float32"  # or "bfloat16"
+    replicas: str = "cpu"  # replication spec
     seed: int = 0
     log_every: int = 10
-    eval_every: int = 0                       # steps; 0: only at the end
+    eval_every: int = 0  # steps; 0: only at the end
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
 
@@ -95,17 +95,24 @@ class ClassificationConfig:
     def _validate(self) -> None:
         precision_lib.compute_dtype(self.precision)
         if len(self.blocks_per_group) != len(self.channels_per_group) or not self.blocks_per_group:
-            raise ValueError("blocks_per_group and channels_per_group need one entry per group "
-                             f"(got {self.blocks_per_group} and {self.channels_per_group}).")
+            raise ValueError(
+                "blocks_per_group and channels_per_group need one entry per group "
+                f"(got {self.blocks_per_group} and {self.channels_per_group})."
+            )
         if min(self.blocks_per_group + self.channels_per_group) < 1:
             raise ValueError("blocks and channels per group must be positive.")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"Unknown schedule {self.schedule!r}; use one of {SCHEDULES}.")
         if self.stem not in ("auto", "imagenet", "small"):
             raise ValueError(f"Unknown stem {self.stem!r}; use auto, imagenet or small.")
-        positive = {"batch_size": self.batch_size, "steps": self.steps,
-                    "log_every": self.log_every, "checkpoint_every": self.checkpoint_every,
-                    "keep_checkpoints": self.keep_checkpoints, "stem_channels": self.stem_channels}
+        positive = {
+            "batch_size": self.batch_size,
+            "steps": self.steps,
+            "log_every": self.log_every,
+            "checkpoint_every": self.checkpoint_every,
+            "keep_checkpoints": self.keep_checkpoints,
+            "stem_channels": self.stem_channels,
+        }
         for name, value in positive.items():
             if value < 1:
                 raise ValueError(f"{name} must be at least 1 (got {value}).")
@@ -124,7 +131,7 @@ class ClassificationConfig:
     def resolved_warmup_steps(self) -> int:
         if self.warmup_steps is not None:
             return self.warmup_steps
-        return int(round(0.05 * self.steps))
+        return round(0.05 * self.steps)
 
 
 def learning_rate(step: tf.Tensor, config: ClassificationConfig) -> tf.Tensor:
@@ -137,8 +144,10 @@ def learning_rate(step: tf.Tensor, config: ClassificationConfig) -> tf.Tensor:
         progress = tf.clip_by_value((step - warmup) / max(total - warmup, 1.0), 0.0, 1.0)
         decayed = peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
     else:
-        passed = tf.add_n([tf.cast(step >= b * total, tf.float32)
-                           for b in config.step_boundaries] or [tf.constant(0.0)])
+        passed = tf.add_n(
+            [tf.cast(step >= b * total, tf.float32) for b in config.step_boundaries]
+            or [tf.constant(0.0)]
+        )
         decayed = peak * tf.pow(config.step_decay, passed)
     if warmup > 0:
         return tf.where(step < warmup, peak * (step + 1.0) / warmup, decayed)
@@ -151,10 +160,17 @@ def build_model(config: ClassificationConfig, num_classes: int, image_size: int)
     if stem == "auto":
         stem = "imagenet" if image_size >= 128 else "small"
     return resnet.ResNet(
-        config.blocks_per_group, config.channels_per_group, num_classes, stem=stem,
-        stem_channels=config.stem_channels, zero_init_last_bn=config.zero_init_last_bn,
-        bn_decay=config.bn_decay, precision=config.precision,
-        stride_in_1x1=config.stride_in_1x1, name="resnet")
+        config.blocks_per_group,
+        config.channels_per_group,
+        num_classes,
+        stem=stem,
+        stem_channels=config.stem_channels,
+        zero_init_last_bn=config.zero_init_last_bn,
+        bn_decay=config.bn_decay,
+        precision=config.precision,
+        stride_in_1x1=config.stride_in_1x1,
+        name="resnet",
+    )
 
 
 class Classifier(snt.Module):
@@ -172,8 +188,14 @@ class Classifier(snt.Module):
         metrics = classifier.train_step(data)       # {"loss", "accuracy", "learning_rate"}
     """
 
-    def __init__(self, config: ClassificationConfig, repl: replication.Replicator,
-                 num_classes: int, image_size: int, name: str | None = "classifier"):
+    def __init__(
+        self,
+        config: ClassificationConfig,
+        repl: replication.Replicator,
+        num_classes: int,
+        image_size: int,
+        name: str | None = "classifier",
+    ):
         super().__init__(name=name)
         self.config = config
         self.repl = repl
@@ -185,15 +207,15 @@ class Classifier(snt.Module):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.learning_rate = tf.Variable(0.0, trainable=False, name="learning_rate")
             self.optimizer = repl.wrap_optimizer(
-                snt.optimizers.Momentum(self.learning_rate, config.momentum))
+                snt.optimizers.Momentum(self.learning_rate, config.momentum)
+            )
             # Create every variable now, eagerly and in scope (batch norm with
             # moving statistics needs no collective outside a step).
             self.model(tf.zeros([1, image_size, image_size, 3]), is_training=False)
             # Momentum slots too: a checkpoint restored into a fresh Classifier must
             # find them (TF does not defer restoring Sonnet's lazily built slot lists).
             # TODO(vision): use a public ReplicatedOptimizer hook once replication has one.
-            create = (getattr(self.optimizer, "create_state", None)
-                      or self.optimizer._create_state)  # pylint: disable=protected-access
+            create = getattr(self.optimizer, "create_state", None) or self.optimizer._create_state  # pylint: disable=protected-access
             create(self.model.trainable_variables)
         self._decayed = {v.ref() for v in resnet.weight_decay_variables(self.model)}
         precision_lib.check_float32(self.model.variables, "Model variables")
@@ -220,15 +242,17 @@ class Classifier(snt.Module):
         # directly (one pass over the weights instead of a loss term and its
         # backward pass; identical for SGD).
         decay = self.config.weight_decay
-        gradients = [g + decay * w if w.ref() in self._decayed else g
-                     for g, w in zip(gradients, parameters)]
+        gradients = [
+            g + decay * w if w.ref() in self._decayed else g for g, w in zip(gradients, parameters)
+        ]
         self.optimizer.apply(gradients, parameters)  # mean-all-reduced across replicas here
         self.step.assign_add(1)
         correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
         return {"loss": loss, "accuracy": tf.reduce_mean(correct), "learning_rate": lr}
 
-    def _replica_eval_step(self, images: tf.Tensor, labels: tf.Tensor,
-                           mask: tf.Tensor) -> dict[str, tf.Tensor]:
+    def _replica_eval_step(
+        self, images: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor
+    ) -> dict[str, tf.Tensor]:
         logits = self.model(images, is_training=False)
         valid = mask > 0
         top1 = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
@@ -257,8 +281,9 @@ class Classifier(snt.Module):
         Counts are exact integers summed across replicas; the pass ends at the
         first step in which all replicas see only padding.
         """
-        input_fn = dataset.input_fn(EVAL, self.config.batch_size, self.image_size,
-                                    seed=self.config.seed)
+        input_fn = dataset.input_fn(
+            EVAL, self.config.batch_size, self.image_size, seed=self.config.seed
+        )
         totals = {"top1": 0, "top5": 0, "count": 0}
         for batch in self.repl.distribute(input_fn):
             counts = {k: int(v) for k, v in self._eval_fn(batch).items()}
@@ -267,8 +292,7 @@ class Classifier(snt.Module):
             for key in totals:
                 totals[key] += counts[key]
         n = max(totals["count"], 1)
-        return {"top1": totals["top1"] / n, "top5": totals["top5"] / n,
-                "count": totals["count"]}
+        return {"top1": totals["top1"] / n, "top5": totals["top5"] / n, "count": totals["count"]}
 
     def checkpoint(self) -> tf.train.Checkpoint:
         """What a checkpoint holds: model (incl. batch-norm statistics), optimizer, step."""
@@ -278,14 +302,23 @@ class Classifier(snt.Module):
 # ------------------------------------------------------------------- the loop
 # Keys that may change when a run directory is resumed: how long to train,
 # on which hardware, and how often to report. Everything else must match.
-RESUMABLE_KEYS = ("steps", "replicas", "log_every", "eval_every", "checkpoint_every",
-                  "keep_checkpoints")
+RESUMABLE_KEYS = (
+    "steps",
+    "replicas",
+    "log_every",
+    "eval_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+)
 
 
-def train(config: ClassificationConfig, run_dir: str | None = None,
-          repl: replication.Replicator | None = None,
-          print_fn: Callable[[str], None] = print,
-          stop_at: int | None = None) -> dict[str, float]:
+def train(
+    config: ClassificationConfig,
+    run_dir: str | None = None,
+    repl: replication.Replicator | None = None,
+    print_fn: Callable[[str], None] = print,
+    stop_at: int | None = None,
+) -> dict[str, float]:
     """Trains (or resumes) a classifier as `config` says; returns the final metrics.
 
     With `run_dir`, writes config, metrics, summaries and checkpoints there and
@@ -304,17 +337,24 @@ def train(config: ClassificationConfig, run_dir: str | None = None,
     config.validate()
     saved = training_common.saved_config(run_dir) if run_dir else None
     if saved is not None:  # resuming: unspecified (None) fields take the saved values
-        config = dataclasses.replace(config, **{
-            k: saved[k] for k, v in dataclasses.asdict(config).items()
-            if v is None and saved.get(k) is not None})
+        config = dataclasses.replace(
+            config,
+            **{
+                k: saved[k]
+                for k, v in dataclasses.asdict(config).items()
+                if v is None and saved.get(k) is not None
+            },
+        )
     repl = repl or replication.make(config.replicas)
     dataset = open_dataset(config.data, num_classes=config.num_classes)
     if saved is None:
         # A new run saves the values None stood for, so resuming it with another
         # --steps keeps its warmup length and image size.
         config = dataclasses.replace(
-            config, image_size=config.image_size or dataset.default_image_size,
-            warmup_steps=config.resolved_warmup_steps)
+            config,
+            image_size=config.image_size or dataset.default_image_size,
+            warmup_steps=config.resolved_warmup_steps,
+        )
     image_size = config.image_size or dataset.default_image_size
     # Refuse impossible settings before anything is written to the run directory.
     repl.per_replica_batch_size(config.batch_size)
@@ -337,30 +377,53 @@ def train(config: ClassificationConfig, run_dir: str | None = None,
             manager = run.checkpoint_manager(classifier.checkpoint(), config.keep_checkpoints)
             start = run.restore(manager)
             run.record_invocation(start)
-        return _loop(config, classifier, dataset, image_size, repl, run, manager, start or 0,
-                     print_fn, stop_at)
+        return _loop(
+            config,
+            classifier,
+            dataset,
+            image_size,
+            repl,
+            run,
+            manager,
+            start or 0,
+            print_fn,
+            stop_at,
+        )
 
 
-def _loop(config, classifier, dataset, image_size, repl, run, manager, start, print_fn,
-          stop_at):
+def _loop(config, classifier, dataset, image_size, repl, run, manager, start, print_fn, stop_at):
     if start >= config.steps:
-        print_fn(f"Already trained {start} of {config.steps} steps; pass a larger --steps to "
-                 "train further.")
+        print_fn(
+            f"Already trained {start} of {config.steps} steps; pass a larger --steps to "
+            "train further."
+        )
         results = classifier.evaluate(dataset)
         print_fn(_eval_line(start, results))
         return {"step": start, **results}
     if start:
         print_fn(f"Resuming from step {start} ({run.path}).")
-    print_fn(f"Training {dataset.name}: {config.steps} steps of {config.batch_size} images "
-             f"({image_size}x{image_size}) on {repl.num_replicas} replica(s) "
-             f"[{config.replicas}], {config.precision}.")
-    if (config.precision == "bfloat16" and config.replicas.startswith("cpu")
-            and precision_lib.cpu_has_native_bfloat16() is False):
-        print_fn("Warning: this CPU has no bfloat16 instructions (avx512_bf16/amx_bf16), so "
-                 "TensorFlow emulates bfloat16 and training is slower than in float32. "
-                 "bfloat16 pays off on TPUs, recent GPUs and CPUs with AMX or AVX512-BF16.")
-    iterator = iter(repl.distribute(dataset.input_fn(
-        TRAIN, config.batch_size, image_size, seed=config.seed, start_step=start)))
+    print_fn(
+        f"Training {dataset.name}: {config.steps} steps of {config.batch_size} images "
+        f"({image_size}x{image_size}) on {repl.num_replicas} replica(s) "
+        f"[{config.replicas}], {config.precision}."
+    )
+    if (
+        config.precision == "bfloat16"
+        and config.replicas.startswith("cpu")
+        and precision_lib.cpu_has_native_bfloat16() is False
+    ):
+        print_fn(
+            "Warning: this CPU has no bfloat16 instructions (avx512_bf16/amx_bf16), so "
+            "TensorFlow emulates bfloat16 and training is slower than in float32. "
+            "bfloat16 pays off on TPUs, recent GPUs and CPUs with AMX or AVX512-BF16."
+        )
+    iterator = iter(
+        repl.distribute(
+            dataset.input_fn(
+                TRAIN, config.batch_size, image_size, seed=config.seed, start_step=start
+            )
+        )
+    )
     progress = training_common.Progress(config.steps, start, config.batch_size, "images")
     end = min(config.steps, stop_at) if stop_at else config.steps
     metrics: dict[str, float] = {}
@@ -378,7 +441,8 @@ def _loop(config, classifier, dataset, image_size, repl, run, manager, start, pr
                 if not np.isfinite(metrics["loss"]):
                     raise FloatingPointError(
                         f"Loss became {metrics['loss']} at step {step}; lower "
-                        "--base-learning-rate or check the data.")
+                        "--base-learning-rate or check the data."
+                    )
                 rate = progress.throughput(step)
                 progress.line(step, metrics, rate)
                 if run:
@@ -398,5 +462,7 @@ def _loop(config, classifier, dataset, image_size, repl, run, manager, start, pr
 
 
 def _eval_line(step: int, results: Mapping[str, float]) -> str:
-    return (f"eval at step {step}: top-1 {100 * results['top1']:.2f}%  top-5 "
-            f"{100 * results['top5']:.2f}%  ({results['count']} images)")
+    return (
+        f"eval at step {step}: top-1 {100 * results['top1']:.2f}%  top-5 "
+        f"{100 * results['top5']:.2f}%  ({results['count']} images)"
+    )

@@ -5,10 +5,11 @@ features and its logits the Inception Score and the class accuracy of conditiona
 
     python -m vision.digits_classifier --out runs/digits_classifier --image-size 16
 """
+
 import argparse
 import dataclasses
 import sys
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import sonnet as snt
@@ -30,15 +31,19 @@ class ClassifierConfig:
 class DigitsClassifier(snt.Module):
     """conv16-pool-conv32-pool-conv64-linear128 (features)-linear(num_classes) (logits)."""
 
-    def __init__(self, num_classes: int = 10, feature_dim: int = 128,
-                 name: Optional[str] = "digits_classifier"):
+    def __init__(
+        self, num_classes: int = 10, feature_dim: int = 128, name: str | None = "digits_classifier"
+    ):
         super().__init__(name=name)
-        self.convs = [snt.Conv2D(16, 3, name="conv1"), snt.Conv2D(32, 3, name="conv2"),
-                      snt.Conv2D(64, 3, name="conv3")]
+        self.convs = [
+            snt.Conv2D(16, 3, name="conv1"),
+            snt.Conv2D(32, 3, name="conv2"),
+            snt.Conv2D(64, 3, name="conv3"),
+        ]
         self.features_linear = snt.Linear(feature_dim, name="features")
         self.logits_linear = snt.Linear(num_classes, name="logits")
 
-    def __call__(self, images: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    def __call__(self, images: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """`images` `[N, S, S, 1]` in [-1, 1] -> (features `[N, 128]`, logits `[N, classes]`)."""
         h = tf.nn.max_pool2d(tf.nn.relu(self.convs[0](images)), 2, 2, "VALID")
         h = tf.nn.max_pool2d(tf.nn.relu(self.convs[1](h)), 2, 2, "VALID")
@@ -51,8 +56,9 @@ def _random_shift(images: tf.Tensor, max_shift: int, seed: tf.Tensor) -> tf.Tens
     if max_shift == 0:
         return images
     size = images.shape[1]
-    padded = tf.pad(images, [[0, 0], [max_shift] * 2, [max_shift] * 2, [0, 0]],
-                    constant_values=-1.0)
+    padded = tf.pad(
+        images, [[0, 0], [max_shift] * 2, [max_shift] * 2, [0, 0]], constant_values=-1.0
+    )
     offsets = tf.random.stateless_uniform([2], seed, maxval=2 * max_shift + 1, dtype=tf.int32)
     return tf.slice(padded, [0, offsets[0], offsets[1], 0], [-1, size, size, -1])
 
@@ -62,16 +68,20 @@ def accuracy(model: DigitsClassifier, images: np.ndarray, labels: np.ndarray) ->
     return float(np.mean(np.argmax(logits.numpy(), 1) == labels))
 
 
-def train(config: ClassifierConfig) -> Tuple[DigitsClassifier, float]:
+def train(config: ClassifierConfig) -> tuple[DigitsClassifier, float]:
     """Trains on the digits train split; returns the model and its eval-split accuracy."""
     train_x, train_y = gan_data.load_digits(config.image_size, "train").arrays()
     test_x, test_y = gan_data.load_digits(config.image_size, "eval").arrays()
     tf.random.set_seed(config.seed)
     model = DigitsClassifier()
     optimizer = snt.optimizers.Adam(config.learning_rate)
-    data = iter(tf.data.Dataset.from_tensor_slices((train_x, train_y))
-                .shuffle(len(train_x), seed=config.seed).repeat()
-                .batch(config.batch_size, drop_remainder=True).enumerate())
+    data = iter(
+        tf.data.Dataset.from_tensor_slices((train_x, train_y))
+        .shuffle(len(train_x), seed=config.seed)
+        .repeat()
+        .batch(config.batch_size, drop_remainder=True)
+        .enumerate()
+    )
 
     @tf.function
     def step(i, batch):
@@ -80,8 +90,7 @@ def train(config: ClassifierConfig) -> Tuple[DigitsClassifier, float]:
         with tf.GradientTape() as tape:
             _, logits = model(images)
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
-        optimizer.apply(tape.gradient(loss, model.trainable_variables),
-                        model.trainable_variables)
+        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
         return loss
 
     for _ in range(config.steps):
@@ -94,7 +103,7 @@ def save(model: DigitsClassifier, path: str, image_size: int) -> None:
     gan_metrics.save_classifier(path, model, image_size=image_size, channels=1, module=model)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory to write the classifier to")
     parser.add_argument("--image-size", type=int, default=16)

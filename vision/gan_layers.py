@@ -10,7 +10,6 @@ and then applies a per-class scale and offset looked up from learned class embed
 
     y = gamma[c] * (x - mean) / sqrt(var + eps) + beta[c]
 """
-from typing import Optional
 
 import sonnet as snt
 import tensorflow as tf
@@ -26,15 +25,21 @@ def default_w_init() -> snt.initializers.Initializer:
 class SNLinear(snt.Module):
     """Linear layer whose weight is spectrally normalised: `y = x @ (w / sigma(w)) + b`."""
 
-    def __init__(self, output_size: int, with_bias: bool = True,
-                 w_init: Optional[snt.initializers.Initializer] = None,
-                 n_power_iterations: int = 1, name: Optional[str] = None):
+    def __init__(
+        self,
+        output_size: int,
+        with_bias: bool = True,
+        w_init: snt.initializers.Initializer | None = None,
+        n_power_iterations: int = 1,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         self.output_size = output_size
         self._with_bias = with_bias
         self._w_init = w_init or default_w_init()
         self.spectral_norm = replication.SpectralNorm(
-            n_power_iterations=n_power_iterations, name="spectral_norm")
+            n_power_iterations=n_power_iterations, name="spectral_norm"
+        )
 
     @snt.once
     def _initialize(self, inputs: tf.Tensor):
@@ -55,16 +60,23 @@ class SNConv2D(snt.Module):
     The kernel `[k, k, in, out]` is normalised as the `[k*k*in, out]` matrix (Miyato et al. 2018).
     """
 
-    def __init__(self, output_channels: int, kernel_shape: int = 3, with_bias: bool = True,
-                 w_init: Optional[snt.initializers.Initializer] = None,
-                 n_power_iterations: int = 1, name: Optional[str] = None):
+    def __init__(
+        self,
+        output_channels: int,
+        kernel_shape: int = 3,
+        with_bias: bool = True,
+        w_init: snt.initializers.Initializer | None = None,
+        n_power_iterations: int = 1,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         self.output_channels = output_channels
         self._kernel_shape = kernel_shape
         self._with_bias = with_bias
         self._w_init = w_init or default_w_init()
         self.spectral_norm = replication.SpectralNorm(
-            n_power_iterations=n_power_iterations, name="spectral_norm")
+            n_power_iterations=n_power_iterations, name="spectral_norm"
+        )
 
     @snt.once
     def _initialize(self, inputs: tf.Tensor):
@@ -85,17 +97,24 @@ class SNEmbed(snt.Module):
     """Class embedding table `[num_classes, embed_dim]`, spectrally normalised as a linear map
     from one-hot labels (used by the projection discriminator)."""
 
-    def __init__(self, num_classes: int, embed_dim: int,
-                 w_init: Optional[snt.initializers.Initializer] = None,
-                 n_power_iterations: int = 1, name: Optional[str] = None):
+    def __init__(
+        self,
+        num_classes: int,
+        embed_dim: int,
+        w_init: snt.initializers.Initializer | None = None,
+        n_power_iterations: int = 1,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         self.num_classes = num_classes
         self.embed_dim = embed_dim
         w_init = w_init or default_w_init()
-        self.embeddings = tf.Variable(w_init([num_classes, embed_dim], tf.float32),
-                                      name="embeddings")
+        self.embeddings = tf.Variable(
+            w_init([num_classes, embed_dim], tf.float32), name="embeddings"
+        )
         self.spectral_norm = replication.SpectralNorm(
-            n_power_iterations=n_power_iterations, name="spectral_norm")
+            n_power_iterations=n_power_iterations, name="spectral_norm"
+        )
 
     def __call__(self, labels: tf.Tensor, is_training: bool) -> tf.Tensor:
         table = self.spectral_norm(self.embeddings, is_training=is_training)
@@ -108,15 +127,21 @@ def _moving_stats(decay_rate: float, name: str) -> snt.ExponentialMovingAverage:
     return snt.ExponentialMovingAverage(decay_rate, name=name)
 
 
-def batch_norm(decay_rate: float = 0.999, eps: float = 1e-4, create_scale: bool = True,
-               name: Optional[str] = None) -> snt.Module:
+def batch_norm(
+    decay_rate: float = 0.999, eps: float = 1e-4, create_scale: bool = True, name: str | None = None
+) -> snt.Module:
     """Cross-replica batch norm with debiased moving averages for test-time statistics."""
     with tf.name_scope(name or "batch_norm"):
         moving_mean = _moving_stats(decay_rate, "moving_mean")
         moving_variance = _moving_stats(decay_rate, "moving_variance")
     return replication.CrossReplicaBatchNorm(
-        create_scale=create_scale, create_offset=create_scale, moving_mean=moving_mean,
-        moving_variance=moving_variance, eps=eps, name=name)
+        create_scale=create_scale,
+        create_offset=create_scale,
+        moving_mean=moving_mean,
+        moving_variance=moving_variance,
+        eps=eps,
+        name=name,
+    )
 
 
 class ConditionalBatchNorm(snt.Module):
@@ -127,8 +152,13 @@ class ConditionalBatchNorm(snt.Module):
         >>> y = cbn(tf.zeros([4, 8, 8, 16]), tf.constant([0, 1, 2, 3]), is_training=True)
     """
 
-    def __init__(self, num_classes: int, decay_rate: float = 0.999, eps: float = 1e-4,
-                 name: Optional[str] = None):
+    def __init__(
+        self,
+        num_classes: int,
+        decay_rate: float = 0.999,
+        eps: float = 1e-4,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         self.num_classes = num_classes
         self.batch_norm = batch_norm(decay_rate, eps, create_scale=False, name="batch_norm")
@@ -140,12 +170,22 @@ class ConditionalBatchNorm(snt.Module):
         self.gamma = tf.Variable(tf.ones([self.num_classes, channels], inputs.dtype), name="gamma")
         self.beta = tf.Variable(tf.zeros([self.num_classes, channels], inputs.dtype), name="beta")
 
-    def __call__(self, inputs: tf.Tensor, labels: tf.Tensor, is_training: bool,
-                 test_local_stats: bool = False) -> tf.Tensor:
+    def __call__(
+        self,
+        inputs: tf.Tensor,
+        labels: tf.Tensor,
+        is_training: bool,
+        test_local_stats: bool = False,
+    ) -> tf.Tensor:
         """Normalises `inputs` `[N, H, W, C]` and applies the scale/offset of `labels` `[N]`."""
         self._initialize(inputs)
         one_hot = tf.one_hot(labels, self.num_classes, dtype=inputs.dtype)
         scale = tf.matmul(one_hot, self.gamma)[:, None, None, :]
         offset = tf.matmul(one_hot, self.beta)[:, None, None, :]
-        return self.batch_norm(inputs, is_training=is_training,
-                               test_local_stats=test_local_stats, scale=scale, offset=offset)
+        return self.batch_norm(
+            inputs,
+            is_training=is_training,
+            test_local_stats=test_local_stats,
+            scale=scale,
+            offset=offset,
+        )

@@ -15,8 +15,9 @@ Definitions, with p(y|x) = softmax(logits) and p(y) its mean over the samples of
     IS  = exp(E_x[KL(p(y|x) || p(y))])                       1 <= IS <= K
     FID = |mu_1 - mu_2|^2 + tr(S_1 + S_2 - 2 (S_1 S_2)^(1/2))   for features ~ (mu_i, S_i)
 """
+
 import warnings
-from typing import Callable, Dict, Optional, Tuple
+from collections.abc import Callable
 
 import numpy as np
 import scipy.linalg
@@ -28,8 +29,13 @@ class ClassifierExportError(ValueError):
     """A classifier directory that is missing or does not follow the contract above."""
 
 
-def save_classifier(path: str, fn: Callable[[tf.Tensor], Tuple[tf.Tensor, tf.Tensor]],
-                    image_size: int, channels: int, module: tf.Module = None) -> None:
+def save_classifier(
+    path: str,
+    fn: Callable[[tf.Tensor], tuple[tf.Tensor, tf.Tensor]],
+    image_size: int,
+    channels: int,
+    module: tf.Module = None,
+) -> None:
     """Saves `fn(images) -> (features, logits)` as a classifier directory the metrics can load.
 
     Args:
@@ -44,8 +50,9 @@ def save_classifier(path: str, fn: Callable[[tf.Tensor], Tuple[tf.Tensor, tf.Ten
     root.image_size = tf.Variable(image_size, trainable=False, dtype=tf.int32)
     root.channels = tf.Variable(channels, trainable=False, dtype=tf.int32)
 
-    @tf.function(input_signature=[tf.TensorSpec([None, image_size, image_size, channels],
-                                                tf.float32)])
+    @tf.function(
+        input_signature=[tf.TensorSpec([None, image_size, image_size, channels], tf.float32)]
+    )
     def classify(images):
         features, logits = fn(images)
         return {"features": features, "logits": logits}
@@ -60,16 +67,18 @@ class Classifier:
     def __init__(self, path: str):
         try:
             self._model = tf.saved_model.load(path)
-        except (OSError, IOError, ValueError) as e:
+        except (OSError, ValueError) as e:
             raise ClassifierExportError(
                 f"cannot load a classifier from {path!r} ({e.__class__.__name__}: {e}). Pass a "
                 "directory written by vision.gan_metrics.save_classifier, e.g. by "
-                "`python -m vision.digits_classifier --out DIR`.") from e
+                "`python -m vision.digits_classifier --out DIR`."
+            ) from e
         for attr in ("classify", "image_size", "channels"):
             if not hasattr(self._model, attr):
                 raise ClassifierExportError(
                     f"{path!r} is a SavedModel but has no `{attr}`; save it with "
-                    "vision.gan_metrics.save_classifier.")
+                    "vision.gan_metrics.save_classifier."
+                )
         self.image_size = int(self._model.image_size.numpy())
         self.channels = int(self._model.channels.numpy())
 
@@ -84,21 +93,22 @@ class Classifier:
             elif self.channels == 1:
                 images = tf.reduce_mean(images, axis=-1, keepdims=True)
             else:
-                raise ValueError(f"cannot feed {c}-channel images to a {self.channels}-channel "
-                                 "classifier")
+                raise ValueError(
+                    f"cannot feed {c}-channel images to a {self.channels}-channel classifier"
+                )
         return images
 
-    def __call__(self, images, batch_size: int = 500) -> Tuple[np.ndarray, np.ndarray]:
+    def __call__(self, images, batch_size: int = 500) -> tuple[np.ndarray, np.ndarray]:
         """Features and logits of `images` `[N, H, W, C]` in [-1, 1], in batches."""
         features, logits = [], []
         for start in range(0, len(images), batch_size):
-            out = self._model.classify(self._prepare(images[start:start + batch_size]))
+            out = self._model.classify(self._prepare(images[start : start + batch_size]))
             features.append(out["features"].numpy())
             logits.append(out["logits"].numpy())
         return np.concatenate(features), np.concatenate(logits)
 
 
-def inception_score(logits: np.ndarray, splits: int = 1) -> Tuple[float, float]:
+def inception_score(logits: np.ndarray, splits: int = 1) -> tuple[float, float]:
     """Inception Score of the samples whose class logits are `logits` `[N, K]`.
 
     Returns:
@@ -114,14 +124,15 @@ def inception_score(logits: np.ndarray, splits: int = 1) -> Tuple[float, float]:
     return float(np.mean(scores)), float(np.std(scores))
 
 
-def gaussian_statistics(features: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def gaussian_statistics(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean `[F]` and covariance `[F, F]` (unbiased) of `features` `[N, F]`."""
     features = np.asarray(features, np.float64)
     return features.mean(axis=0), np.cov(features, rowvar=False)
 
 
-def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray,
-                     sigma2: np.ndarray) -> float:
+def frechet_distance(
+    mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray
+) -> float:
     """Frechet distance between N(mu1, sigma1) and N(mu2, sigma2)."""
     mu1, mu2 = np.atleast_1d(mu1).astype(np.float64), np.atleast_1d(mu2).astype(np.float64)
     sigma1 = np.atleast_2d(sigma1).astype(np.float64)
@@ -143,9 +154,13 @@ def fid_from_features(features1: np.ndarray, features2: np.ndarray) -> float:
     return frechet_distance(*gaussian_statistics(features1), *gaussian_statistics(features2))
 
 
-def evaluate(classifier: Classifier, images: np.ndarray, labels: Optional[np.ndarray] = None,
-             reference_statistics: Optional[Tuple[np.ndarray, np.ndarray]] = None,
-             splits: int = 1) -> Dict[str, float]:
+def evaluate(
+    classifier: Classifier,
+    images: np.ndarray,
+    labels: np.ndarray | None = None,
+    reference_statistics: tuple[np.ndarray, np.ndarray] | None = None,
+    splits: int = 1,
+) -> dict[str, float]:
     """Metrics of generated `images`.
 
     Returns:

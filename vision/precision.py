@@ -17,7 +17,7 @@ loss scaling (bfloat16 has float32's exponent range, unlike float16).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import tensorflow as tf
 
@@ -33,7 +33,8 @@ def compute_dtype(precision: str) -> tf.DType:
     if precision not in PRECISIONS:
         raise ValueError(
             f"Unknown precision {precision!r}; use one of {', '.join(PRECISIONS)} "
-            "(bfloat16 = bfloat16 compute with float32 weights).")
+            "(bfloat16 = bfloat16 compute with float32 weights)."
+        )
     return tf.bfloat16 if precision == "bfloat16" else tf.float32
 
 
@@ -43,11 +44,16 @@ def check_float32(tensors: Iterable[tf.Tensor | tf.Variable], what: str) -> None
     Used to guard the mixed-precision contract: variables, gradients and
     optimizer state stay float32 whatever the compute dtype.
     """
-    wrong = [getattr(t, "name", "?") for t in tensors
-             if t is not None and t.dtype.is_floating and t.dtype != tf.float32]
+    wrong = [
+        getattr(t, "name", "?")
+        for t in tensors
+        if t is not None and t.dtype.is_floating and t.dtype != tf.float32
+    ]
     if wrong:
-        raise TypeError(f"{what} must be float32 under every precision; got others for: "
-                        f"{', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}")
+        raise TypeError(
+            f"{what} must be float32 under every precision; got others for: "
+            f"{', '.join(wrong[:5])}{' ...' if len(wrong) > 5 else ''}"
+        )
 
 
 def cpu_has_native_bfloat16() -> bool | None:

@@ -18,7 +18,7 @@ batch), so N replicas of batch B compute what one replica of batch N*B does.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import sonnet as snt
 import tensorflow as tf
@@ -39,17 +39,27 @@ class BatchNorm(replication.CrossReplicaBatchNorm):
     moving statistics, so switching replica counts changes nothing but rounding.
     """
 
-    def __init__(self, decay_rate: float = 0.9, eps: float = 1e-5,
-                 scale_init: snt.initializers.Initializer | None = None,
-                 name: str | None = None):
+    def __init__(
+        self,
+        decay_rate: float = 0.9,
+        eps: float = 1e-5,
+        scale_init: snt.initializers.Initializer | None = None,
+        name: str | None = None,
+    ):
         # Moving averages made inside this module's name scope, as snt.BatchNorm
         # does, so their variables are named ".../bn_0/moving_mean/..." per layer.
         with tf.name_scope(name or "batch_norm"):
             moving_mean = snt.ExponentialMovingAverage(decay_rate, name="moving_mean")
             moving_variance = snt.ExponentialMovingAverage(decay_rate, name="moving_variance")
-        super().__init__(create_scale=True, create_offset=True, moving_mean=moving_mean,
-                         moving_variance=moving_variance, eps=eps, scale_init=scale_init,
-                         name=name)
+        super().__init__(
+            create_scale=True,
+            create_offset=True,
+            moving_mean=moving_mean,
+            moving_variance=moving_variance,
+            eps=eps,
+            scale_init=scale_init,
+            name=name,
+        )
 
     # pylint: disable-next=arguments-differ  (no test_local_stats/scale/offset here)
     def __call__(self, inputs: tf.Tensor, is_training: bool) -> tf.Tensor:
@@ -86,8 +96,15 @@ class BatchNorm(replication.CrossReplicaBatchNorm):
     def _fused_training(self, inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         empty = tf.constant([], tf.float32)
         outputs, mean, variance, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-            x=inputs, scale=self.scale, offset=self.offset, mean=empty, variance=empty,
-            epsilon=self._eps, data_format="NHWC", is_training=True)
+            x=inputs,
+            scale=self.scale,
+            offset=self.offset,
+            mean=empty,
+            variance=empty,
+            epsilon=self._eps,
+            data_format="NHWC",
+            is_training=True,
+        )
         # The kernel normalises with the population variance but returns the
         # Bessel-corrected one (n / (n - 1)); undo that for the moving statistics.
         count = tf.cast(tf.size(inputs) // int(inputs.shape[-1]), tf.float32)
@@ -102,16 +119,22 @@ class Conv2D(snt.Module):
     input gives a bfloat16 convolution while the variable stays float32.
     """
 
-    def __init__(self, output_channels: int, kernel_size: int, stride: int = 1,
-                 w_init: snt.initializers.Initializer | None = None,
-                 name: str | None = None):
+    def __init__(
+        self,
+        output_channels: int,
+        kernel_size: int,
+        stride: int = 1,
+        w_init: snt.initializers.Initializer | None = None,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         self.output_channels = output_channels
         self.kernel_size = kernel_size
         self.stride = stride
         # He initialisation for ReLU networks, fan-out mode.
         self._w_init = w_init or snt.initializers.VarianceScaling(
-            2.0, "fan_out", "truncated_normal")
+            2.0, "fan_out", "truncated_normal"
+        )
 
     @snt.once
     def _initialize(self, inputs: tf.Tensor) -> None:
@@ -136,19 +159,31 @@ class BottleneckBlock(snt.Module):
     which helps large-batch training.
     """
 
-    def __init__(self, channels: int, stride: int, use_projection: bool,
-                 zero_init_last_bn: bool = True, bn_decay: float = 0.9,
-                 stride_in_1x1: bool = False, name: str | None = None):
+    def __init__(
+        self,
+        channels: int,
+        stride: int,
+        use_projection: bool,
+        zero_init_last_bn: bool = True,
+        bn_decay: float = 0.9,
+        stride_in_1x1: bool = False,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         inner = max(channels // 4, 1)
         self.stride = stride
         stride_0, stride_1 = (stride, 1) if stride_in_1x1 else (1, stride)
-        self.convs = [Conv2D(inner, 1, stride_0, name="conv_0"),
-                      Conv2D(inner, 3, stride_1, name="conv_1"),
-                      Conv2D(channels, 1, name="conv_2")]
+        self.convs = [
+            Conv2D(inner, 1, stride_0, name="conv_0"),
+            Conv2D(inner, 3, stride_1, name="conv_1"),
+            Conv2D(channels, 1, name="conv_2"),
+        ]
         last_scale = snt.initializers.Zeros() if zero_init_last_bn else None
-        self.bns = [BatchNorm(bn_decay, name="bn_0"), BatchNorm(bn_decay, name="bn_1"),
-                    BatchNorm(bn_decay, scale_init=last_scale, name="bn_2")]
+        self.bns = [
+            BatchNorm(bn_decay, name="bn_0"),
+            BatchNorm(bn_decay, name="bn_1"),
+            BatchNorm(bn_decay, scale_init=last_scale, name="bn_2"),
+        ]
         self.projection = None
         if use_projection:
             self.projection = Conv2D(channels, 1, stride, name="projection")
@@ -193,47 +228,70 @@ class ResNet(snt.Module):
         logits = model(tf.zeros([8, 16, 16, 3]), is_training=False)
     """
 
-    def __init__(self, blocks_per_group: Sequence[int], channels_per_group: Sequence[int],
-                 num_classes: int, stem: str = "imagenet", stem_channels: int = 64,
-                 strides: Sequence[int] | None = None, zero_init_last_bn: bool = True,
-                 bn_decay: float = 0.9, precision: str = "float32",
-                 stride_in_1x1: bool = False, name: str | None = None):
+    def __init__(
+        self,
+        blocks_per_group: Sequence[int],
+        channels_per_group: Sequence[int],
+        num_classes: int,
+        stem: str = "imagenet",
+        stem_channels: int = 64,
+        strides: Sequence[int] | None = None,
+        zero_init_last_bn: bool = True,
+        bn_decay: float = 0.9,
+        precision: str = "float32",
+        stride_in_1x1: bool = False,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         if len(blocks_per_group) != len(channels_per_group) or not blocks_per_group:
             raise ValueError(
                 f"blocks_per_group {tuple(blocks_per_group)} and channels_per_group "
-                f"{tuple(channels_per_group)} must be non-empty and of equal length.")
+                f"{tuple(channels_per_group)} must be non-empty and of equal length."
+            )
         if stem not in ("imagenet", "small"):
             raise ValueError(f"Unknown stem {stem!r}; use 'imagenet' (224x224 inputs) or 'small'.")
         if strides is None:
             strides = (1,) + (2,) * (len(blocks_per_group) - 1)
         strides = tuple(strides)
         if len(strides) != len(blocks_per_group):
-            raise ValueError(f"Need one stride per group; got {strides} for "
-                             f"{len(blocks_per_group)} groups.")
+            raise ValueError(
+                f"Need one stride per group; got {strides} for {len(blocks_per_group)} groups."
+            )
         self.compute_dtype = precision_lib.compute_dtype(precision)
         self.precision = precision
         self.num_classes = num_classes
         self.stem = stem
         self.downsampling = (4 if stem == "imagenet" else 1) * math.prod(strides)
 
-        self.stem_conv = Conv2D(stem_channels, 7 if stem == "imagenet" else 3,
-                                2 if stem == "imagenet" else 1, name="stem_conv")
+        self.stem_conv = Conv2D(
+            stem_channels,
+            7 if stem == "imagenet" else 3,
+            2 if stem == "imagenet" else 1,
+            name="stem_conv",
+        )
         self.stem_bn = BatchNorm(bn_decay, name="stem_bn")
         self.blocks = []
         in_channels = stem_channels
         for group, (count, channels, stride) in enumerate(
-                zip(blocks_per_group, channels_per_group, strides)):
+            zip(blocks_per_group, channels_per_group, strides)
+        ):
             for index in range(count):
                 block_stride = stride if index == 0 else 1
-                self.blocks.append(BottleneckBlock(
-                    channels, block_stride,
-                    use_projection=block_stride != 1 or in_channels != channels,
-                    zero_init_last_bn=zero_init_last_bn, bn_decay=bn_decay,
-                    stride_in_1x1=stride_in_1x1, name=f"group_{group}_block_{index}"))
+                self.blocks.append(
+                    BottleneckBlock(
+                        channels,
+                        block_stride,
+                        use_projection=block_stride != 1 or in_channels != channels,
+                        zero_init_last_bn=zero_init_last_bn,
+                        bn_decay=bn_decay,
+                        stride_in_1x1=stride_in_1x1,
+                        name=f"group_{group}_block_{index}",
+                    )
+                )
                 in_channels = channels
-        self.head = snt.Linear(num_classes, w_init=snt.initializers.TruncatedNormal(0.01),
-                               name="logits")
+        self.head = snt.Linear(
+            num_classes, w_init=snt.initializers.TruncatedNormal(0.01), name="logits"
+        )
 
     def check_image_size(self, image_size: int) -> None:
         """Raises ValueError unless `image_size` x `image_size` inputs suit this network."""
@@ -242,7 +300,8 @@ class ResNet(snt.Module):
             raise ValueError(
                 f"Image size {image_size} is too small for this ResNet: its stem and "
                 f"groups downsample by {self.downsampling}, so images must be at least "
-                f"{self.downsampling}x{self.downsampling}. Use a larger image size{hint}.")
+                f"{self.downsampling}x{self.downsampling}. Use a larger image size{hint}."
+            )
 
     def __call__(self, images: tf.Tensor, is_training: bool) -> tf.Tensor:
         net = tf.cast(images, self.compute_dtype)

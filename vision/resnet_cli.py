@@ -19,19 +19,44 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from vision import training_common
 
 # Flag (argparse dest) -> ClassificationConfig field; flags default to None = "not given".
 _FLAGS = {
-    "blocks": "blocks_per_group", "channels": "channels_per_group",
-    **{name: name for name in (
-        "data", "num_classes", "image_size", "stem", "stem_channels", "zero_init_last_bn",
-        "bn_decay", "stride_in_1x1", "batch_size", "steps", "base_learning_rate",
-        "warmup_steps", "schedule", "step_boundaries", "step_decay", "momentum",
-        "label_smoothing", "weight_decay", "precision", "replicas", "seed", "log_every",
-        "eval_every", "checkpoint_every", "keep_checkpoints")},
+    "blocks": "blocks_per_group",
+    "channels": "channels_per_group",
+    **{
+        name: name
+        for name in (
+            "data",
+            "num_classes",
+            "image_size",
+            "stem",
+            "stem_channels",
+            "zero_init_last_bn",
+            "bn_decay",
+            "stride_in_1x1",
+            "batch_size",
+            "steps",
+            "base_learning_rate",
+            "warmup_steps",
+            "schedule",
+            "step_boundaries",
+            "step_decay",
+            "momentum",
+            "label_smoothing",
+            "weight_decay",
+            "precision",
+            "replicas",
+            "seed",
+            "log_every",
+            "eval_every",
+            "checkpoint_every",
+            "keep_checkpoints",
+        )
+    },
 }
 
 
@@ -39,14 +64,18 @@ def _ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def _floats(text: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
 
 
 def register(subparsers) -> argparse.ArgumentParser:
@@ -57,40 +86,73 @@ def register(subparsers) -> argparse.ArgumentParser:
 
     d = ClassificationConfig()
     parser = subparsers.add_parser(
-        "resnet50", help="ResNet-50 v1.5 (or a smaller ResNet) image classification",
+        "resnet50",
+        help="ResNet-50 v1.5 (or a smaller ResNet) image classification",
         description=__doc__.split("\n")[0] + " Rerunning with the same --run-dir resumes.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
     add = parser.add_argument
-    add("--data", help=f"'digits' or an ImageNet directory: tfds TFRecords or "
-                       f"train/<class>/ folders (default: {d.data})")
-    add("--replicas", help=f"replication spec: cpu, cpu:N, gpu, multiworker, tpu "
-                           f"(default: {d.replicas})")
+    add(
+        "--data",
+        help=f"'digits' or an ImageNet directory: tfds TFRecords or "
+        f"train/<class>/ folders (default: {d.data})",
+    )
+    add(
+        "--replicas",
+        help=f"replication spec: cpu, cpu:N, gpu, multiworker, tpu (default: {d.replicas})",
+    )
     add("--run-dir", help="run directory (default: runs/resnet50-<time>); reusing one resumes")
-    add("--batch-size", type=int,
-        help=f"global batch size over all replicas (default: {d.batch_size})")
+    add(
+        "--batch-size",
+        type=int,
+        help=f"global batch size over all replicas (default: {d.batch_size})",
+    )
     add("--steps", type=int, help=f"train until this step (default: {d.steps})")
-    add("--precision", choices=PRECISIONS,
-        help="bfloat16 = bfloat16 compute on float32 weights (default: float32)")
+    add(
+        "--precision",
+        choices=PRECISIONS,
+        help="bfloat16 = bfloat16 compute on float32 weights (default: float32)",
+    )
     add("--image-size", type=int, help="input side in pixels (default: 224; digits 16)")
     add("--num-classes", type=int, help="for TFRecords without label metadata")
     add("--blocks", type=_ints, help="blocks per group (default: 3,4,6,3)")
     add("--channels", type=_ints, help="output channels per group (default: 256,512,1024,2048)")
-    add("--stem", choices=("auto", "imagenet", "small"),
+    add(
+        "--stem",
+        choices=("auto", "imagenet", "small"),
         help="imagenet = 7x7/2 conv + max-pool; small = 3x3/1 conv; auto picks by image "
-             "size (>= 128: imagenet)")
+        "size (>= 128: imagenet)",
+    )
     add("--stem-channels", type=int, help=f"(default: {d.stem_channels})")
-    add("--zero-init-last-bn", type=_bool, metavar="true|false",
-        help="start each block's last batch-norm scale at zero (default: true)")
+    add(
+        "--zero-init-last-bn",
+        type=_bool,
+        metavar="true|false",
+        help="start each block's last batch-norm scale at zero (default: true)",
+    )
     add("--bn-decay", type=float, help=f"batch-norm moving-average decay (default: {d.bn_decay})")
-    add("--stride-in-1x1", type=_bool, metavar="true|false",
+    add(
+        "--stride-in-1x1",
+        type=_bool,
+        metavar="true|false",
         help="downsample in each block's first 1x1 conv (ResNet v1, as Keras) instead of the "
-             "3x3 (v1.5; default: false)")
-    add("--base-learning-rate", "--lr", type=float, dest="base_learning_rate",
-        help=f"learning rate for a batch of 256, scaled linearly (default: {d.base_learning_rate})")
+        "3x3 (v1.5; default: false)",
+    )
+    add(
+        "--base-learning-rate",
+        "--lr",
+        type=float,
+        dest="base_learning_rate",
+        help=f"learning rate for a batch of 256, scaled linearly (default: {d.base_learning_rate})",
+    )
     add("--warmup-steps", type=int, help="linear warmup steps (default: 5%% of --steps)")
     add("--schedule", choices=SCHEDULES, help="decay after warmup (default: cosine)")
-    add("--step-boundaries", type=_floats,
-        help="fractions of --steps where 'step' decays (default: 30/90,60/90,80/90)")
+    add(
+        "--step-boundaries",
+        type=_floats,
+        help="fractions of --steps where 'step' decays (default: 30/90,60/90,80/90)",
+    )
     add("--step-decay", type=float, help=f"(default: {d.step_decay})")
     add("--momentum", type=float, help=f"(default: {d.momentum})")
     add("--label-smoothing", type=float, help=f"(default: {d.label_smoothing})")
@@ -100,9 +162,13 @@ def register(subparsers) -> argparse.ArgumentParser:
     add("--eval-every", type=int, help="steps between evaluations; 0 = at the end (default: 0)")
     add("--checkpoint-every", type=int, help=f"(default: {d.checkpoint_every})")
     add("--keep-checkpoints", type=int, help=f"(default: {d.keep_checkpoints})")
-    add("--stop-at", type=int, metavar="STEP",
+    add(
+        "--stop-at",
+        type=int,
+        metavar="STEP",
         help="end this invocation at STEP with a checkpoint, as if preempted (the schedule "
-             "still spans --steps); rerun to continue")
+        "still spans --steps); rerun to continue",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -140,12 +206,14 @@ def run(args: argparse.Namespace) -> int:
         config.validate()
         import replication  # pylint: disable=import-outside-toplevel
         from vision import classification  # pylint: disable=import-outside-toplevel
+
         try:
             repl = replication.make(config.replicas)
         except RuntimeError as error:  # e.g. 'gpu' without a GPU, devices set too late
             raise classification.ConfigError(str(error)) from None
-        classification.train(config, run_dir=args.run_dir, repl=repl,
-                             stop_at=getattr(args, "stop_at", None))
+        classification.train(
+            config, run_dir=args.run_dir, repl=repl, stop_at=getattr(args, "stop_at", None)
+        )
     except _usage_errors() as error:
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         return 2
@@ -162,8 +230,14 @@ def _usage_errors() -> tuple[type[BaseException], ...]:
     import replication
     from vision.classification import ConfigError
     from vision.data import DataError
-    return (ConfigError, DataError, training_common.RunDirError, replication.BatchSplitError,
-            replication.DeploymentSpecError)
+
+    return (
+        ConfigError,
+        DataError,
+        training_common.RunDirError,
+        replication.BatchSplitError,
+        replication.DeploymentSpecError,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

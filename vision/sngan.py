@@ -11,7 +11,8 @@ Generator:      z, y -> Linear -> 4x4xC0 -> k x UpBlock(CBN-ReLU-up-conv-CBN-ReL
 Discriminator:  x, y -> DownBlock(first) -> ... -> DownBlock(no pooling) -> ReLU -> sum over HxW = h
                 D(x, y) = w . h + b + <embed(y), h>                    (the class projection term)
 """
-from typing import List, Optional, Sequence
+
+from collections.abc import Sequence
 
 import sonnet as snt
 import tensorflow as tf
@@ -37,11 +38,12 @@ def check_image_size(image_size: int) -> int:
         raise ValueError(
             f"image size {image_size} is not supported by the SN-GAN networks: they double the "
             f"resolution from 4x4, so the size must be a power of two between {MIN_IMAGE_SIZE} "
-            f"and {MAX_IMAGE_SIZE} (e.g. 16, 32, 64, 128). Pass --image-size to resize the data.")
+            f"and {MAX_IMAGE_SIZE} (e.g. 16, 32, 64, 128). Pass --image-size to resize the data."
+        )
     return levels
 
 
-def generator_multipliers(image_size: int) -> List[int]:
+def generator_multipliers(image_size: int) -> list[int]:
     """Channel multipliers of the generator: the 4x4 input, then each up-block's output.
 
     BigGAN's widths (16, 16, 8, 4, 2, 1 at 128 pixels), cut to the number of levels.
@@ -50,10 +52,10 @@ def generator_multipliers(image_size: int) -> List[int]:
     return [min(16, 2 ** (levels - i)) for i in range(levels + 1)]
 
 
-def discriminator_multipliers(image_size: int) -> List[int]:
+def discriminator_multipliers(image_size: int) -> list[int]:
     """Channel multipliers of the discriminator's blocks; all but the last one downsample."""
     levels = check_image_size(image_size)
-    mults = [min(16, 2 ** i) for i in range(levels)]
+    mults = [min(16, 2**i) for i in range(levels)]
     return mults + [mults[-1]]
 
 
@@ -70,14 +72,22 @@ def _downsample(x: tf.Tensor) -> tf.Tensor:
 class UpBlock(snt.Module):
     """Generator residual block: doubles resolution, class-conditional batch norms."""
 
-    def __init__(self, output_channels: int, num_classes: int, bn_decay: float = 0.999,
-                 name: Optional[str] = None):
+    def __init__(
+        self,
+        output_channels: int,
+        num_classes: int,
+        bn_decay: float = 0.999,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
         w_init = gan_layers.default_w_init()
+
         # No biases: from here to the output every path reaches a batch norm through linear
         # maps only, so a per-channel constant is cancelled. Such a bias gets rounding noise
         # as its gradient, which Adam turns into full-size (and replica-count-dependent) steps.
-        conv = lambda c, k, name: snt.Conv2D(c, k, with_bias=False, w_init=w_init, name=name)
+        def conv(c, k, name):
+            return snt.Conv2D(c, k, with_bias=False, w_init=w_init, name=name)
+
         self.bn1 = gan_layers.ConditionalBatchNorm(num_classes, bn_decay, name="cbn1")
         self.conv1 = conv(output_channels, 3, "conv1")
         self.bn2 = gan_layers.ConditionalBatchNorm(num_classes, bn_decay, name="cbn2")
@@ -101,28 +111,41 @@ class Generator(snt.Module):
         TensorShape([2, 16, 16, 1])
     """
 
-    def __init__(self, num_classes: int, image_size: int, channels: int = 3,
-                 base_channels: int = 64, latent_dim: int = 128, bn_decay: float = 0.999,
-                 multipliers: Optional[Sequence[int]] = None, name: Optional[str] = "generator"):
+    def __init__(
+        self,
+        num_classes: int,
+        image_size: int,
+        channels: int = 3,
+        base_channels: int = 64,
+        latent_dim: int = 128,
+        bn_decay: float = 0.999,
+        multipliers: Sequence[int] | None = None,
+        name: str | None = "generator",
+    ):
         super().__init__(name=name)
         self.num_classes = num_classes
         self.image_size = image_size
         self.latent_dim = latent_dim
         mults = list(multipliers or generator_multipliers(image_size))
         if len(mults) != check_image_size(image_size) + 1:
-            raise ValueError(f"need {check_image_size(image_size) + 1} generator multipliers "
-                             f"for {image_size}x{image_size} images, got {mults}")
+            raise ValueError(
+                f"need {check_image_size(image_size) + 1} generator multipliers "
+                f"for {image_size}x{image_size} images, got {mults}"
+            )
         w_init = gan_layers.default_w_init()
         self._c0 = base_channels * mults[0]
         # No bias, as in UpBlock: the batch norms downstream cancel it.
         self.linear = snt.Linear(4 * 4 * self._c0, with_bias=False, w_init=w_init, name="linear")
-        self.blocks = [UpBlock(base_channels * m, num_classes, bn_decay, name=f"block{i}")
-                       for i, m in enumerate(mults[1:])]
+        self.blocks = [
+            UpBlock(base_channels * m, num_classes, bn_decay, name=f"block{i}")
+            for i, m in enumerate(mults[1:])
+        ]
         self.bn = gan_layers.batch_norm(bn_decay, name="bn_out")
         self.conv_out = snt.Conv2D(channels, 3, w_init=w_init, name="conv_out")
 
-    def __call__(self, z: tf.Tensor, labels: tf.Tensor, is_training: bool,
-                 test_local_stats: bool = False) -> tf.Tensor:
+    def __call__(
+        self, z: tf.Tensor, labels: tf.Tensor, is_training: bool, test_local_stats: bool = False
+    ) -> tf.Tensor:
         """Generates one image per (z, label).
 
         Args:
@@ -141,8 +164,9 @@ class Generator(snt.Module):
 class DownBlock(snt.Module):
     """Discriminator residual block (pre-activation, except the first block, which sees images)."""
 
-    def __init__(self, output_channels: int, downsample: bool, first: bool = False,
-                 name: Optional[str] = None):
+    def __init__(
+        self, output_channels: int, downsample: bool, first: bool = False, name: str | None = None
+    ):
         super().__init__(name=name)
         self._downsample = downsample
         self._first = first
@@ -174,18 +198,29 @@ class Discriminator(snt.Module):
         TensorShape([2])
     """
 
-    def __init__(self, num_classes: int, image_size: int, base_channels: int = 64,
-                 multipliers: Optional[Sequence[int]] = None,
-                 name: Optional[str] = "discriminator"):
+    def __init__(
+        self,
+        num_classes: int,
+        image_size: int,
+        base_channels: int = 64,
+        multipliers: Sequence[int] | None = None,
+        name: str | None = "discriminator",
+    ):
         super().__init__(name=name)
         self.num_classes = num_classes
         self.image_size = image_size
         mults = list(multipliers or discriminator_multipliers(image_size))
         if len(mults) != check_image_size(image_size) + 1:
-            raise ValueError(f"need {check_image_size(image_size) + 1} discriminator "
-                             f"multipliers for {image_size}x{image_size} images, got {mults}")
-        self.blocks = [DownBlock(base_channels * m, downsample=i < len(mults) - 1, first=i == 0,
-                                 name=f"block{i}") for i, m in enumerate(mults)]
+            raise ValueError(
+                f"need {check_image_size(image_size) + 1} discriminator "
+                f"multipliers for {image_size}x{image_size} images, got {mults}"
+            )
+        self.blocks = [
+            DownBlock(
+                base_channels * m, downsample=i < len(mults) - 1, first=i == 0, name=f"block{i}"
+            )
+            for i, m in enumerate(mults)
+        ]
         feature_dim = base_channels * mults[-1]
         self.linear = gan_layers.SNLinear(1, name="linear")
         self.embed = gan_layers.SNEmbed(num_classes, feature_dim, name="class_embedding")

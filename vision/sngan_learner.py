@@ -23,8 +23,9 @@ one generator update. After each generator update the EMA generator follows
 
 and it is the EMA generator that is sampled and evaluated.
 """
+
 import dataclasses
-from typing import Dict, Iterator, Tuple
+from collections.abc import Iterator
 
 import sonnet as snt
 import tensorflow as tf
@@ -36,6 +37,7 @@ from vision import sngan
 @dataclasses.dataclass
 class SNGANConfig:
     """Model and optimisation hyperparameters (the data decides `num_classes`/`channels`)."""
+
     num_classes: int = 10
     image_size: int = 32
     channels: int = 3
@@ -57,8 +59,15 @@ class SNGANConfig:
     def validate(self) -> None:
         """Raises ValueError with what to change if the configuration cannot run."""
         sngan.check_image_size(self.image_size)
-        for name in ("num_classes", "channels", "latent_dim", "g_base_channels",
-                     "d_base_channels", "global_batch_size", "disc_steps"):
+        for name in (
+            "num_classes",
+            "channels",
+            "latent_dim",
+            "g_base_channels",
+            "d_base_channels",
+            "global_batch_size",
+            "disc_steps",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.ema_decay < 1.0:
@@ -67,8 +76,9 @@ class SNGANConfig:
 
 def discriminator_hinge_loss(real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:
     """`mean(relu(1 - D(real))) + mean(relu(1 + D(fake)))`."""
-    return (tf.reduce_mean(tf.nn.relu(1.0 - real_logits)) +
-            tf.reduce_mean(tf.nn.relu(1.0 + fake_logits)))
+    return tf.reduce_mean(tf.nn.relu(1.0 - real_logits)) + tf.reduce_mean(
+        tf.nn.relu(1.0 + fake_logits)
+    )
 
 
 def generator_hinge_loss(fake_logits: tf.Tensor) -> tf.Tensor:
@@ -82,8 +92,9 @@ def update_ema(ema_module: snt.Module, module: snt.Module, decay: tf.Tensor) -> 
     pairs = list(zip(ema_module.variables, module.variables))
     for ema_var, var in pairs:
         if ema_var.shape != var.shape:
-            raise ValueError(f"EMA variable {ema_var.name} {ema_var.shape} does not match "
-                             f"{var.name} {var.shape}")
+            raise ValueError(
+                f"EMA variable {ema_var.name} {ema_var.shape} does not match {var.name} {var.shape}"
+            )
         if var.dtype.is_floating:
             d = tf.cast(decay, var.dtype)
             ema_var.assign(d * ema_var + (1.0 - d) * var)
@@ -112,17 +123,29 @@ class SNGANLearner(snt.Module):
         self.per_replica_batch_size = replicator.per_replica_batch_size(config.global_batch_size)
         c = config
         with replicator.scope():
+
             def generator(name):
-                return sngan.Generator(c.num_classes, c.image_size, c.channels, c.g_base_channels,
-                                       c.latent_dim, c.bn_decay, name=name)
+                return sngan.Generator(
+                    c.num_classes,
+                    c.image_size,
+                    c.channels,
+                    c.g_base_channels,
+                    c.latent_dim,
+                    c.bn_decay,
+                    name=name,
+                )
+
             self.generator = generator("generator")
             self.generator_ema = generator("generator_ema")
-            self.discriminator = sngan.Discriminator(c.num_classes, c.image_size,
-                                                     c.d_base_channels)
+            self.discriminator = sngan.Discriminator(c.num_classes, c.image_size, c.d_base_channels)
 
             def adam(learning_rate):
-                return replicator.wrap_optimizer(snt.optimizers.Adam(
-                    learning_rate, beta1=c.beta1, beta2=c.beta2, epsilon=c.adam_epsilon))
+                return replicator.wrap_optimizer(
+                    snt.optimizers.Adam(
+                        learning_rate, beta1=c.beta1, beta2=c.beta2, epsilon=c.adam_epsilon
+                    )
+                )
+
             self.g_optimizer = adam(c.g_learning_rate)
             self.d_optimizer = adam(c.d_learning_rate)
             # Number of generator updates done; also indexes the noise seeds.
@@ -135,7 +158,7 @@ class SNGANLearner(snt.Module):
 
     # ------------------------------------------------------------------ per-replica computation
 
-    def _noise(self, local_batch: int, sub_step) -> Tuple[tf.Tensor, tf.Tensor]:
+    def _noise(self, local_batch: int, sub_step) -> tuple[tf.Tensor, tf.Tensor]:
         """This replica's slice of the global batch of latents and fake labels."""
         c = self.config
         n = replication.num_replicas()
@@ -143,12 +166,13 @@ class SNGANLearner(snt.Module):
         z_seed = tf.stack([tf.constant(c.seed, tf.int64), 2 * counter])
         y_seed = tf.stack([tf.constant(c.seed, tf.int64), 2 * counter + 1])
         z = tf.random.stateless_normal([local_batch * n, c.latent_dim], z_seed)
-        y = tf.random.stateless_uniform([local_batch * n], y_seed, maxval=c.num_classes,
-                                        dtype=tf.int32)
+        y = tf.random.stateless_uniform(
+            [local_batch * n], y_seed, maxval=c.num_classes, dtype=tf.int32
+        )
         start = tf.cast(replication.replica_id(), tf.int32) * local_batch
-        return z[start:start + local_batch], y[start:start + local_batch]
+        return z[start : start + local_batch], y[start : start + local_batch]
 
-    def disc_step(self, batch: Dict[str, tf.Tensor], sub_step: tf.Tensor) -> Dict[str, tf.Tensor]:
+    def disc_step(self, batch: dict[str, tf.Tensor], sub_step: tf.Tensor) -> dict[str, tf.Tensor]:
         """One discriminator update on this replica's real `batch` {"image", "label"}."""
         images, labels = batch["image"], tf.cast(batch["label"], tf.int32)
         local_batch = self.per_replica_batch_size
@@ -158,15 +182,19 @@ class SNGANLearner(snt.Module):
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(d_vars)
             # One call on real+fake advances the spectral-norm power iteration once per step.
-            logits = self.discriminator(tf.concat([images, fakes], 0),
-                                        tf.concat([labels, fake_labels], 0), is_training=True)
+            logits = self.discriminator(
+                tf.concat([images, fakes], 0), tf.concat([labels, fake_labels], 0), is_training=True
+            )
             real_logits, fake_logits = logits[:local_batch], logits[local_batch:]
             loss = discriminator_hinge_loss(real_logits, fake_logits)
         self.d_optimizer.apply(tape.gradient(loss, d_vars), d_vars)
-        return {"d_loss": loss, "d_real": tf.reduce_mean(real_logits),
-                "d_fake": tf.reduce_mean(fake_logits)}
+        return {
+            "d_loss": loss,
+            "d_real": tf.reduce_mean(real_logits),
+            "d_fake": tf.reduce_mean(fake_logits),
+        }
 
-    def gen_step(self) -> Dict[str, tf.Tensor]:
+    def gen_step(self) -> dict[str, tf.Tensor]:
         """One generator update, then the EMA update."""
         c = self.config
         z, labels = self._noise(self.per_replica_batch_size, c.disc_steps)
@@ -193,8 +221,9 @@ class SNGANLearner(snt.Module):
             y = tf.zeros([b], tf.int32)
             self.generator(z, y, is_training=False)
             self.generator_ema(z, y, is_training=False)
-            self.discriminator(tf.zeros([b, c.image_size, c.image_size, c.channels]), y,
-                               is_training=False)
+            self.discriminator(
+                tf.zeros([b, c.image_size, c.image_size, c.channels]), y, is_training=False
+            )
             update_ema(self.generator_ema, self.generator, tf.constant(0.0))
             return tf.constant(0)
 
@@ -210,20 +239,22 @@ class SNGANLearner(snt.Module):
         # Optimiser slots too. Otherwise they are created on the first update, inside the
         # step: a checkpoint restored before then defers them (warning that it found no
         # matching objects), and each step function is traced twice.
-        for optimizer, module in ((self.g_optimizer, self.generator),
-                                  (self.d_optimizer, self.discriminator)):
+        for optimizer, module in (
+            (self.g_optimizer, self.generator),
+            (self.d_optimizer, self.discriminator),
+        ):
             optimizer.create_state(module.trainable_variables)
 
-    def _disc_step_impl(self, iterator: Iterator, sub_step: tf.Tensor) -> Dict[str, tf.Tensor]:
+    def _disc_step_impl(self, iterator: Iterator, sub_step: tf.Tensor) -> dict[str, tf.Tensor]:
         metrics = self._repl.run(self.disc_step, next(iterator), sub_step)
         return self._repl.reduce(metrics, "mean")
 
-    def _gen_step_impl(self) -> Dict[str, tf.Tensor]:
+    def _gen_step_impl(self) -> dict[str, tf.Tensor]:
         metrics = self._repl.run(self.gen_step)
         self.step.assign_add(1)
         return self._repl.reduce(metrics, "mean")
 
-    def train_step(self, iterator: Iterator) -> Dict[str, tf.Tensor]:
+    def train_step(self, iterator: Iterator) -> dict[str, tf.Tensor]:
         """Runs `disc_steps` D updates (one distributed batch each) and one G update.
 
         The D and G updates are separate tf.functions, each traced once whatever `disc_steps`.
@@ -236,10 +267,12 @@ class SNGANLearner(snt.Module):
             Scalars averaged over replicas: d_loss, d_real, d_fake (means over the D updates),
             g_loss.
         """
-        d_metrics = [self._disc_fn(iterator, tf.constant(k, tf.int64))
-                     for k in range(self.config.disc_steps)]
-        metrics = {key: tf.add_n([m[key] for m in d_metrics]) / len(d_metrics)
-                   for key in d_metrics[0]}
+        d_metrics = [
+            self._disc_fn(iterator, tf.constant(k, tf.int64)) for k in range(self.config.disc_steps)
+        ]
+        metrics = {
+            key: tf.add_n([m[key] for m in d_metrics]) / len(d_metrics) for key in d_metrics[0]
+        }
         metrics.update(self._gen_fn())
         return metrics
 
@@ -251,8 +284,9 @@ class SNGANLearner(snt.Module):
         """Images `[N, S, S, C]` in [-1, 1] from latents and labels (moving BN statistics).
 
         Call outside `repl.scope()`; the variables are read on this host."""
-        return self._generate(tf.convert_to_tensor(z, tf.float32),
-                              tf.convert_to_tensor(labels, tf.int32), use_ema)
+        return self._generate(
+            tf.convert_to_tensor(z, tf.float32), tf.convert_to_tensor(labels, tf.int32), use_ema
+        )
 
     def sample(self, labels, seed: int = 0, use_ema: bool = True) -> tf.Tensor:
         """Images for `labels` with latents from a fixed `seed`."""

@@ -34,7 +34,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Collection, Mapping, TextIO
+from collections.abc import Collection, Mapping
+from typing import Any, TextIO
 
 import tensorflow as tf
 
@@ -80,8 +81,9 @@ class RunDir:
       RunDirError: see above.
     """
 
-    def __init__(self, path: str, config: Mapping[str, Any], *, kind: str,
-                 mutable: Collection[str] = ()):
+    def __init__(
+        self, path: str, config: Mapping[str, Any], *, kind: str, mutable: Collection[str] = ()
+    ):
         self.path = os.path.abspath(path)
         self.kind = kind
         config = json.loads(json.dumps(dict(config)))  # normalise tuples -> lists
@@ -92,40 +94,49 @@ class RunDir:
             if saved.get("kind") != kind:
                 raise RunDirError(
                     f"{self.path} is a run directory of kind {saved.get('kind')!r}, not "
-                    f"{kind!r}; choose another --run-dir.")
+                    f"{kind!r}; choose another --run-dir."
+                )
             saved_config = saved.get("config", {})
             # None means "not specified": the saved value stands.
-            config = {k: saved_config[k] if v is None and k in saved_config else v
-                      for k, v in config.items()}
+            config = {
+                k: saved_config[k] if v is None and k in saved_config else v
+                for k, v in config.items()
+            }
             # Keys only one side has (options added or removed since the run began)
             # are not differences: the run keeps its saved values.
             differences = [
                 f"{key}: {saved_config[key]!r} in the run, {config[key]!r} now"
                 for key in sorted(set(saved_config) & set(config))
-                if key not in mutable and saved_config[key] != config[key]]
+                if key not in mutable and saved_config[key] != config[key]
+            ]
             if differences:
                 raise RunDirError(
                     f"{self.path} holds a run with a different config ("
-                    + "; ".join(differences) + "). Resume with the same settings, or use "
-                    "a new --run-dir for a new run.")
-            self.config = {**config, **saved_config,
-                           **{k: config[k] for k in mutable if k in config}}
+                    + "; ".join(differences)
+                    + "). Resume with the same settings, or use "
+                    "a new --run-dir for a new run."
+                )
+            self.config = {
+                **config,
+                **saved_config,
+                **{k: config[k] for k in mutable if k in config},
+            }
             self.resumed = True
         else:
             if os.path.isdir(self.path) and os.listdir(self.path):
                 raise RunDirError(
                     f"{self.path} exists, is not empty and holds no {CONFIG_FILE}: it is not "
-                    "a run directory. Choose a new or empty --run-dir.")
+                    "a run directory. Choose a new or empty --run-dir."
+                )
             os.makedirs(self.path, exist_ok=True)
-            write_json_atomic(config_path, {"kind": kind, "config": config,
-                                            "created": _now()})
+            write_json_atomic(config_path, {"kind": kind, "config": config, "created": _now()})
             self.config = config
             self.resumed = False
         self._summary_writer = None
         self._locked = False
 
     # -------------------------------------------------------------- lifecycle
-    def __enter__(self) -> "RunDir":
+    def __enter__(self) -> RunDir:
         self.lock()
         return self
 
@@ -144,7 +155,8 @@ class RunDir:
             if pid and pid != os.getpid() and _alive(pid):
                 raise RunDirError(
                     f"{self.path} is in use by process {pid}; wait for it to finish or "
-                    "use another --run-dir.")
+                    "use another --run-dir."
+                )
         with open(lock_path, "w") as f:
             f.write(str(os.getpid()))
         self._locked = True
@@ -163,11 +175,13 @@ class RunDir:
             self._locked = False
 
     # ------------------------------------------------------------ checkpoints
-    def checkpoint_manager(self, checkpoint: tf.train.Checkpoint,
-                           max_to_keep: int = 3) -> tf.train.CheckpointManager:
+    def checkpoint_manager(
+        self, checkpoint: tf.train.Checkpoint, max_to_keep: int = 3
+    ) -> tf.train.CheckpointManager:
         """A CheckpointManager writing `checkpoint` to RUN/checkpoints."""
         return tf.train.CheckpointManager(
-            checkpoint, os.path.join(self.path, "checkpoints"), max_to_keep=max_to_keep)
+            checkpoint, os.path.join(self.path, "checkpoints"), max_to_keep=max_to_keep
+        )
 
     def restore(self, manager: tf.train.CheckpointManager) -> int:
         """Restores the latest checkpoint, if any; returns its step (0 if none).
@@ -185,7 +199,8 @@ class RunDir:
         except AssertionError as error:
             raise RunDirError(
                 f"Checkpoint {latest} does not match the model being trained ({error}). "
-                "Use a new --run-dir.") from None
+                "Use a new --run-dir."
+            ) from None
         return int(latest.rsplit("-", 1)[-1])
 
     # ---------------------------------------------------------------- metrics
@@ -193,7 +208,8 @@ class RunDir:
     def summary_writer(self) -> tf.summary.SummaryWriter:
         if self._summary_writer is None:
             self._summary_writer = tf.summary.create_file_writer(
-                os.path.join(self.path, "tensorboard"))
+                os.path.join(self.path, "tensorboard")
+            )
         return self._summary_writer
 
     def log(self, step: int, metrics: Mapping[str, float], prefix: str = "") -> None:
@@ -214,9 +230,14 @@ class RunDir:
 
     def record_invocation(self, start_step: int, argv: list[str] | None = None) -> None:
         """Appends who resumed or started the run, when, from which step."""
-        entry = {"time": _now(), "start_step": start_step, "resumed": self.resumed,
-                 "argv": list(sys.argv if argv is None else argv), "pid": os.getpid(),
-                 "config": self.config}
+        entry = {
+            "time": _now(),
+            "start_step": start_step,
+            "resumed": self.resumed,
+            "argv": list(sys.argv if argv is None else argv),
+            "pid": os.getpid(),
+            "config": self.config,
+        }
         with open(os.path.join(self.path, INVOCATIONS_FILE), "a") as f:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
 
@@ -242,8 +263,15 @@ def read_metrics(path: str) -> list[dict]:
     resume; later rows supersede earlier ones for the same (step, name).
     """
     with open(os.path.join(path, METRICS_FILE), newline="") as f:
-        return [{"step": int(row["step"]), "name": row["name"], "value": float(row["value"]),
-                 "wall_time": float(row["wall_time"])} for row in csv.DictReader(f)]
+        return [
+            {
+                "step": int(row["step"]),
+                "name": row["name"],
+                "value": float(row["value"]),
+                "wall_time": float(row["wall_time"]),
+            }
+            for row in csv.DictReader(f)
+        ]
 
 
 class GracefulStop:
@@ -265,7 +293,7 @@ class GracefulStop:
         self.requested = False
         self._previous = {}
 
-    def __enter__(self) -> "GracefulStop":
+    def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
             for sig in self._SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -284,8 +312,12 @@ class GracefulStop:
                 previous(signum, frame)
             raise KeyboardInterrupt
         self.requested = True
-        print(f"Received {signal.Signals(signum).name}: stopping after this step "
-              "(send it again to stop now).", file=sys.stderr, flush=True)
+        print(
+            f"Received {signal.Signals(signum).name}: stopping after this step "
+            "(send it again to stop now).",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class Progress:
@@ -296,8 +328,14 @@ class Progress:
     fetched.
     """
 
-    def __init__(self, total_steps: int, start_step: int, items_per_step: int,
-                 unit: str = "images", stream: TextIO | None = None):
+    def __init__(
+        self,
+        total_steps: int,
+        start_step: int,
+        items_per_step: int,
+        unit: str = "images",
+        stream: TextIO | None = None,
+    ):
         self.total_steps = total_steps
         self.items_per_step = items_per_step
         self.unit = unit
@@ -320,8 +358,7 @@ class Progress:
         """Returns and prints one progress line for `step`."""
         rate = self.throughput(step) if rate is None else rate
         percent = 100.0 * step / max(self.total_steps, 1)
-        parts = [f"step {step}/{self.total_steps} ({percent:3.0f}%)",
-                 f"{rate:8.1f} {self.unit}/s"]
+        parts = [f"step {step}/{self.total_steps} ({percent:3.0f}%)", f"{rate:8.1f} {self.unit}/s"]
         parts += [f"{name} {_format(value)}" for name, value in metrics.items()]
         text = "  ".join(parts)
         print(text, file=self.stream, flush=True)
@@ -334,7 +371,7 @@ def _format(value: float) -> str:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def _alive(pid: int) -> bool:

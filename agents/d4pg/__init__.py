@@ -14,11 +14,11 @@ from agents.d4pg.local_runner import RunResults, run_single_process
 from agents.d4pg.replay import PARAMS_TABLE, REPLAY_TABLE, make_replay_server
 
 __all__ = [
+    "PARAMS_TABLE",
+    "REPLAY_TABLE",
     "D4PGActor",
     "D4PGConfig",
     "D4PGLearner",
-    "PARAMS_TABLE",
-    "REPLAY_TABLE",
     "ReplayTimeoutError",
     "RunResults",
     "Transition",

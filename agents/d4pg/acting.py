@@ -11,89 +11,97 @@ from agents.d4pg.numpy_policy import NumpyPolicy
 from agents.d4pg.variables import VariableClient
 
 try:  # Small matrix-vector products are slower with a multi-threaded BLAS.
-  import threadpoolctl
+    import threadpoolctl
 except ImportError:  # pragma: no cover - optional speed-up only.
-  threadpoolctl = None
+    threadpoolctl = None
 
 _BLAS_LIMIT = None
 
 
 def _single_threaded_blas() -> None:
-  """Limits numpy's BLAS to one thread in this process (once; acting is latency bound)."""
-  global _BLAS_LIMIT
-  if _BLAS_LIMIT is None and threadpoolctl is not None:
-    _BLAS_LIMIT = threadpoolctl.threadpool_limits(limits=1, user_api="blas")
+    """Limits numpy's BLAS to one thread in this process (once; acting is latency bound)."""
+    global _BLAS_LIMIT
+    if _BLAS_LIMIT is None and threadpoolctl is not None:
+        _BLAS_LIMIT = threadpoolctl.threadpool_limits(limits=1, user_api="blas")
 
 
 class D4PGActor(core.Actor):
-  """Acts with the latest published policy; optionally explores and writes replay.
+    """Acts with the latest published policy; optionally explores and writes replay.
 
-  Args:
-    policy: the numpy policy (its weights are replaced on each pull).
-    action_spec: bounds that noisy actions are clipped to.
-    variable_client: source of weights (None: weights must be set on `policy` directly).
-    adder: n-step adder into replay (None: evaluator, nothing is written).
-    sigma: standard deviation of the Gaussian exploration noise (0: deterministic).
-    seed: seed of the exploration noise.
+    Args:
+      policy: the numpy policy (its weights are replaced on each pull).
+      action_spec: bounds that noisy actions are clipped to.
+      variable_client: source of weights (None: weights must be set on `policy` directly).
+      adder: n-step adder into replay (None: evaluator, nothing is written).
+      sigma: standard deviation of the Gaussian exploration noise (0: deterministic).
+      seed: seed of the exploration noise.
 
-  An evaluator is the same actor with `sigma=0` and no adder.
+    An evaluator is the same actor with `sigma=0` and no adder.
 
-  Constructing an actor limits numpy's BLAS to one thread in this process (matrix-vector
-  products of one observation are slower multi-threaded); TensorFlow is unaffected.
-  """
+    Constructing an actor limits numpy's BLAS to one thread in this process (matrix-vector
+    products of one observation are slower multi-threaded); TensorFlow is unaffected.
+    """
 
-  def __init__(self, policy: NumpyPolicy, action_spec, variable_client: VariableClient | None,
-               adder: NStepTransitionAdder | None = None, sigma: float = 0.0,
-               seed: int = 0):
-    _single_threaded_blas()
-    self._policy = policy
-    self._low = np.broadcast_to(np.asarray(action_spec.minimum, np.float32), action_spec.shape)
-    self._high = np.broadcast_to(np.asarray(action_spec.maximum, np.float32), action_spec.shape)
-    self._shape = tuple(action_spec.shape)
-    self._variables = variable_client
-    self._adder = adder
-    self._sigma = np.float32(sigma)
-    self._rng = np.random.default_rng(seed)
-    self._noise = np.empty((0,) + self._shape, np.float32)
-    self._noise_index = 0
+    def __init__(
+        self,
+        policy: NumpyPolicy,
+        action_spec,
+        variable_client: VariableClient | None,
+        adder: NStepTransitionAdder | None = None,
+        sigma: float = 0.0,
+        seed: int = 0,
+    ):
+        _single_threaded_blas()
+        self._policy = policy
+        self._low = np.broadcast_to(np.asarray(action_spec.minimum, np.float32), action_spec.shape)
+        self._high = np.broadcast_to(np.asarray(action_spec.maximum, np.float32), action_spec.shape)
+        self._shape = tuple(action_spec.shape)
+        self._variables = variable_client
+        self._adder = adder
+        self._sigma = np.float32(sigma)
+        self._rng = np.random.default_rng(seed)
+        self._noise = np.empty((0,) + self._shape, np.float32)
+        self._noise_index = 0
 
-  @property
-  def weights_version(self) -> int:
-    """The learner step of the weights in use (-1: none yet)."""
-    return self._variables.version if self._variables is not None else -1
+    @property
+    def weights_version(self) -> int:
+        """The learner step of the weights in use (-1: none yet)."""
+        return self._variables.version if self._variables is not None else -1
 
-  def select_action(self, observation) -> np.ndarray:
-    if not self._policy.has_weights:
-      self.update(wait=True)
-    action = self._policy(observation)
-    if self._sigma > 0:
-      action += self._next_noise()
-      np.minimum(action, self._high, out=action)
-      np.maximum(action, self._low, out=action)
-    return action
+    def select_action(self, observation) -> np.ndarray:
+        if not self._policy.has_weights:
+            self.update(wait=True)
+        action = self._policy(observation)
+        if self._sigma > 0:
+            action += self._next_noise()
+            np.minimum(action, self._high, out=action)
+            np.maximum(action, self._low, out=action)
+        return action
 
-  def _next_noise(self) -> np.ndarray:
-    # Drawn in blocks: one generator call per step would cost more than the rest of
-    # the noise handling (the same N(0, sigma^2) samples, in the same order).
-    if self._noise_index == len(self._noise):
-      self._noise = self._sigma * self._rng.standard_normal((1024,) + self._shape, np.float32)
-      self._noise_index = 0
-    self._noise_index += 1
-    return self._noise[self._noise_index - 1]
+    def _next_noise(self) -> np.ndarray:
+        # Drawn in blocks: one generator call per step would cost more than the rest of
+        # the noise handling (the same N(0, sigma^2) samples, in the same order).
+        if self._noise_index == len(self._noise):
+            self._noise = self._sigma * self._rng.standard_normal((1024,) + self._shape, np.float32)
+            self._noise_index = 0
+        self._noise_index += 1
+        return self._noise[self._noise_index - 1]
 
-  def observe_first(self, timestep: dm_env.TimeStep) -> None:
-    if self._adder is not None:
-      self._adder.add_first(timestep)
+    def observe_first(self, timestep: dm_env.TimeStep) -> None:
+        if self._adder is not None:
+            self._adder.add_first(timestep)
 
-  def observe(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
-    if self._adder is not None:
-      self._adder.add(action, next_timestep)
+    def observe(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
+        if self._adder is not None:
+            self._adder.add(action, next_timestep)
 
-  def update(self, wait: bool = False) -> None:
-    if self._variables is None:
-      if wait and not self._policy.has_weights:
-        raise RuntimeError("This actor has no variable source and no weights: "
-                           "call policy.set_weights() first.")
-      return
-    if self._variables.update(wait=wait):
-      self._policy.set_weights(self._variables.weights)
+    def update(self, wait: bool = False) -> None:
+        if self._variables is None:
+            if wait and not self._policy.has_weights:
+                raise RuntimeError(
+                    "This actor has no variable source and no weights: "
+                    "call policy.set_weights() first."
+                )
+            return
+        if self._variables.update(wait=wait):
+            self._policy.set_weights(self._variables.weights)

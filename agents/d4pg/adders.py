@@ -28,115 +28,132 @@ from agents.d4pg.replay import REPLAY_TABLE
 
 
 class NStepTransitionAdder(core.Adder):
-  """Writes n-step transitions of one actor into a Reverb table.
+    """Writes n-step transitions of one actor into a Reverb table.
 
-  Args:
-    client: a `reverb.Client` of the replay server.
-    n_step: n >= 1.
-    action_shape: shape of one action (to write the zero action of the final step).
-    table: the table to insert items into (signature: `replay.ReplayItem`).
-    priority: the priority of every item (uniform replay ignores it).
-    max_in_flight_items: items the writer may have sent but the server not yet accepted;
-      beyond that `add` blocks. This is how the table's rate limiter slows an actor
-      down (item creation alone never blocks).
+    Args:
+      client: a `reverb.Client` of the replay server.
+      n_step: n >= 1.
+      action_shape: shape of one action (to write the zero action of the final step).
+      table: the table to insert items into (signature: `replay.ReplayItem`).
+      priority: the priority of every item (uniform replay ignores it).
+      max_in_flight_items: items the writer may have sent but the server not yet accepted;
+        beyond that `add` blocks. This is how the table's rate limiter slows an actor
+        down (item creation alone never blocks).
 
-  Example:
-    adder = NStepTransitionAdder(reverb.Client("localhost:1234"), n_step=5, action_shape=(1,))
-    adder.add_first(env.reset())
-    adder.add(action, env.step(action))
+    Example:
+      adder = NStepTransitionAdder(reverb.Client("localhost:1234"), n_step=5, action_shape=(1,))
+      adder.add_first(env.reset())
+      adder.add(action, env.step(action))
 
-  Implementation note: `reverb.TrajectoryWriter`'s Python layer (nest flattening, history
-  views, column objects) costs ~100 us per step, more than the MuJoCo step itself, so
-  this adder drives the writer's C++ binding directly with flat lists of columns and
-  keeps its own ring buffer of the last n+1 steps' data references (~20 us per step).
-  The C++ writer still validates every item against the table signature. This relies
-  on dm-reverb 0.14.0 (pinned); `tests/agents/test_adders.py` checks the items exactly.
-  """
+    Implementation note: `reverb.TrajectoryWriter`'s Python layer (nest flattening, history
+    views, column objects) costs ~100 us per step, more than the MuJoCo step itself, so
+    this adder drives the writer's C++ binding directly with flat lists of columns and
+    keeps its own ring buffer of the last n+1 steps' data references (~20 us per step).
+    The C++ writer still validates every item against the table signature. This relies
+    on dm-reverb 0.14.0 (pinned); `tests/agents/test_adders.py` checks the items exactly.
+    """
 
-  def __init__(self, client: reverb.Client, n_step: int, action_shape=(1,),
-               table: str = REPLAY_TABLE, priority: float = 1.0,
-               max_in_flight_items: int = 64, chunk_length: int | None = None):
-    if n_step < 1:
-      raise ValueError(f"n_step must be >= 1, got {n_step}")
-    self._n = n_step
-    self._table = table
-    self._priority = float(priority)
-    self._max_in_flight = max_in_flight_items
-    self._zero_action = np.zeros(action_shape, np.float32)
-    self._zero = np.float32(0.0)
-    keep_alive = max(n_step + 1, chunk_length or 0)
-    writer = client.trajectory_writer(num_keep_alive_refs=keep_alive)
-    self._writer = writer  # Owns the C++ writer's lifetime.
-    self._cpp = writer._writer  # pylint: disable=protected-access
-    if chunk_length is not None:
-      for column in range(4):
-        self._cpp.ConfigureChunker(column, reverb.pybind.ConstantChunkerOptions(
-            max_chunk_length=chunk_length, num_keep_alive_refs=keep_alive))
-    # References (observation, action, reward, discount) of the last n+1 appended steps.
-    self._history: collections.deque = collections.deque(maxlen=n_step + 1)
-    self._observation = None  # o_t, waiting for a_t, r_t, d_t.
-    self._steps = 0  # Steps appended in this episode.
+    def __init__(
+        self,
+        client: reverb.Client,
+        n_step: int,
+        action_shape=(1,),
+        table: str = REPLAY_TABLE,
+        priority: float = 1.0,
+        max_in_flight_items: int = 64,
+        chunk_length: int | None = None,
+    ):
+        if n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
+        self._n = n_step
+        self._table = table
+        self._priority = float(priority)
+        self._max_in_flight = max_in_flight_items
+        self._zero_action = np.zeros(action_shape, np.float32)
+        self._zero = np.float32(0.0)
+        keep_alive = max(n_step + 1, chunk_length or 0)
+        writer = client.trajectory_writer(num_keep_alive_refs=keep_alive)
+        self._writer = writer  # Owns the C++ writer's lifetime.
+        self._cpp = writer._writer  # pylint: disable=protected-access
+        if chunk_length is not None:
+            for column in range(4):
+                self._cpp.ConfigureChunker(
+                    column,
+                    reverb.pybind.ConstantChunkerOptions(
+                        max_chunk_length=chunk_length, num_keep_alive_refs=keep_alive
+                    ),
+                )
+        # References (observation, action, reward, discount) of the last n+1 appended steps.
+        self._history: collections.deque = collections.deque(maxlen=n_step + 1)
+        self._observation = None  # o_t, waiting for a_t, r_t, d_t.
+        self._steps = 0  # Steps appended in this episode.
 
-  def reset(self) -> None:
-    """Drops the unfinished episode: its buffered steps create no further items."""
-    self._cpp.EndEpisode(True, None)
-    self._history.clear()
-    self._observation = None
-    self._steps = 0
+    def reset(self) -> None:
+        """Drops the unfinished episode: its buffered steps create no further items."""
+        self._cpp.EndEpisode(True, None)
+        self._history.clear()
+        self._observation = None
+        self._steps = 0
 
-  def add_first(self, timestep: dm_env.TimeStep) -> None:
-    if not timestep.first():
-      raise ValueError("add_first needs the episode's first timestep (StepType.FIRST); "
-                       f"got {timestep.step_type}.")
-    if self._steps or self._observation is not None:
-      self.reset()  # The previous episode was cut short: forget it.
-    self._observation = timestep.observation
+    def add_first(self, timestep: dm_env.TimeStep) -> None:
+        if not timestep.first():
+            raise ValueError(
+                "add_first needs the episode's first timestep (StepType.FIRST); "
+                f"got {timestep.step_type}."
+            )
+        if self._steps or self._observation is not None:
+            self.reset()  # The previous episode was cut short: forget it.
+        self._observation = timestep.observation
 
-  def add(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
-    if self._observation is None:
-      raise ValueError("add() called before add_first() in this episode.")
-    self._append(np.asarray(action, np.float32), np.float32(next_timestep.reward),
-                 np.float32(next_timestep.discount))
-    self._observation = next_timestep.observation
-    if self._steps > self._n:
-      # Step t = steps - 1 - n can now see o_{t+n}, the observation just appended.
-      self._create_item(self._n)
-      if self._steps % 8 == 0:  # Bounding the in-flight items needs no per-step check.
-        self._cpp.Flush(self._max_in_flight, -1)
-    if next_timestep.last():
-      self._finish_episode()
+    def add(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
+        if self._observation is None:
+            raise ValueError("add() called before add_first() in this episode.")
+        self._append(
+            np.asarray(action, np.float32),
+            np.float32(next_timestep.reward),
+            np.float32(next_timestep.discount),
+        )
+        self._observation = next_timestep.observation
+        if self._steps > self._n:
+            # Step t = steps - 1 - n can now see o_{t+n}, the observation just appended.
+            self._create_item(self._n)
+            if self._steps % 8 == 0:  # Bounding the in-flight items needs no per-step check.
+                self._cpp.Flush(self._max_in_flight, -1)
+        if next_timestep.last():
+            self._finish_episode()
 
-  def _append(self, action, reward, discount) -> None:
-    self._history.append(self._cpp.Append([self._observation, action, reward, discount]))
-    self._steps += 1
+    def _append(self, action, reward, discount) -> None:
+        self._history.append(self._cpp.Append([self._observation, action, reward, discount]))
+        self._steps += 1
 
-  def _create_item(self, m: int) -> None:
-    """Item for the transition starting m steps before the newest appended step."""
-    history = self._history
-    start = len(history) - m - 1
-    first, last = history[start], history[-1]
-    steps = [history[i] for i in range(start, len(history) - 1)]
-    columns = [[first[0]],                  # observation o_t (squeezed)
-               [first[1]],                  # action a_t (squeezed)
-               [step[2] for step in steps],  # rewards r_t..r_{t+m-1}
-               [step[3] for step in steps],  # discounts d_t..d_{t+m-1}
-               [last[0]]]                   # next_observation o_{t+m} (squeezed)
-    self._cpp.CreateItem(self._table, self._priority, columns,
-                         [True, True, False, False, True])
+    def _create_item(self, m: int) -> None:
+        """Item for the transition starting m steps before the newest appended step."""
+        history = self._history
+        start = len(history) - m - 1
+        first, last = history[start], history[-1]
+        steps = [history[i] for i in range(start, len(history) - 1)]
+        columns = [
+            [first[0]],  # observation o_t (squeezed)
+            [first[1]],  # action a_t (squeezed)
+            [step[2] for step in steps],  # rewards r_t..r_{t+m-1}
+            [step[3] for step in steps],  # discounts d_t..d_{t+m-1}
+            [last[0]],
+        ]  # next_observation o_{t+m} (squeezed)
+        self._cpp.CreateItem(self._table, self._priority, columns, [True, True, False, False, True])
 
-  def _finish_episode(self) -> None:
-    # The final observation o_T is the last step; its action/reward/discount are unused.
-    self._append(self._zero_action, self._zero, self._zero)
-    for m in range(min(self._n, self._steps - 1), 0, -1):
-      self._create_item(m)
-    self._cpp.EndEpisode(True, None)
-    self._history.clear()
-    self._observation = None
-    self._steps = 0
+    def _finish_episode(self) -> None:
+        # The final observation o_T is the last step; its action/reward/discount are unused.
+        self._append(self._zero_action, self._zero, self._zero)
+        for m in range(min(self._n, self._steps - 1), 0, -1):
+            self._create_item(m)
+        self._cpp.EndEpisode(True, None)
+        self._history.clear()
+        self._observation = None
+        self._steps = 0
 
-  def flush(self, timeout_ms: int | None = None) -> None:
-    """Blocks until every created item has reached the server."""
-    self._writer.flush(timeout_ms=timeout_ms)
+    def flush(self, timeout_ms: int | None = None) -> None:
+        """Blocks until every created item has reached the server."""
+        self._writer.flush(timeout_ms=timeout_ms)
 
-  def close(self) -> None:
-    self._writer.close()
+    def close(self) -> None:
+        self._writer.close()

@@ -23,69 +23,100 @@ from agents.d4pg.numpy_policy import NumpyPolicy
 from agents.d4pg.replay import make_replay_server
 from agents.d4pg.variables import VariableClient
 
-__all__ = ["make_replay_server", "make_learner", "make_actor", "make_evaluator",
-           "make_environment"]
+__all__ = [
+    "make_actor",
+    "make_environment",
+    "make_evaluator",
+    "make_learner",
+    "make_replay_server",
+]
 
 
 def make_environment(config: D4PGConfig, env_name: str, seed: int):
-  """The environment D4PG sees for `config` (features or pixels, repeat, stack)."""
-  import environments  # Imported lazily: it configures MuJoCo's GL backend on import.
-  return environments.make(
-      env_name, seed=seed, from_pixels=config.from_pixels, height=config.image_size,
-      width=config.image_size, frame_stack=config.frame_stack,
-      action_repeat=config.action_repeat)
+    """The environment D4PG sees for `config` (features or pixels, repeat, stack)."""
+    import environments  # Imported lazily: it configures MuJoCo's GL backend on import.
+
+    return environments.make(
+        env_name,
+        seed=seed,
+        from_pixels=config.from_pixels,
+        height=config.image_size,
+        width=config.image_size,
+        frame_stack=config.frame_stack,
+        action_repeat=config.action_repeat,
+    )
 
 
-def make_learner(config: D4PGConfig, env_spec, replay_address: str,
-                 replicator: replication.Replicator,
-                 checkpoint_dir: str | None, *,
-                 rate_limiter_timeout_ms: int = -1) -> D4PGLearner:
-  """A learner sampling from `replay_address` and publishing weights to it.
+def make_learner(
+    config: D4PGConfig,
+    env_spec,
+    replay_address: str,
+    replicator: replication.Replicator,
+    checkpoint_dir: str | None,
+    *,
+    rate_limiter_timeout_ms: int = -1,
+) -> D4PGLearner:
+    """A learner sampling from `replay_address` and publishing weights to it.
 
-  Publishes its initial weights immediately, so actors can start acting.
-  Call `restore()` to resume from `checkpoint_dir` (it republishes the weights).
-  With `rate_limiter_timeout_ms >= 0`, `step()` raises `ReplayTimeoutError` when no batch
-  could be sampled for that long (default: wait forever).
-  """
-  learner = D4PGLearner(config, env_spec, replicator,
-                        input_fn=reverb_input_fn(replay_address, config,
-                                                 rate_limiter_timeout_ms),
-                        replay_client=reverb.Client(replay_address),
-                        checkpoint_dir=checkpoint_dir)
-  learner.publish_variables()
-  return learner
+    Publishes its initial weights immediately, so actors can start acting.
+    Call `restore()` to resume from `checkpoint_dir` (it republishes the weights).
+    With `rate_limiter_timeout_ms >= 0`, `step()` raises `ReplayTimeoutError` when no batch
+    could be sampled for that long (default: wait forever).
+    """
+    learner = D4PGLearner(
+        config,
+        env_spec,
+        replicator,
+        input_fn=reverb_input_fn(replay_address, config, rate_limiter_timeout_ms),
+        replay_client=reverb.Client(replay_address),
+        checkpoint_dir=checkpoint_dir,
+    )
+    learner.publish_variables()
+    return learner
 
 
 def _make_policy(config: D4PGConfig, env_spec) -> NumpyPolicy:
-  act = env_spec.actions
-  return NumpyPolicy(config, pixels=networks.is_pixels(env_spec.observations),
-                     action_low=act.minimum, action_high=act.maximum)
+    act = env_spec.actions
+    return NumpyPolicy(
+        config,
+        pixels=networks.is_pixels(env_spec.observations),
+        action_low=act.minimum,
+        action_high=act.maximum,
+    )
 
 
-def make_actor(config: D4PGConfig, env_spec, replay_address: str, seed: int,
-               with_noise: bool = True, with_adder: bool = True) -> D4PGActor:
-  """An actor pulling weights every `variable_update_period` steps from `replay_address`.
+def make_actor(
+    config: D4PGConfig,
+    env_spec,
+    replay_address: str,
+    seed: int,
+    with_noise: bool = True,
+    with_adder: bool = True,
+) -> D4PGActor:
+    """An actor pulling weights every `variable_update_period` steps from `replay_address`.
 
-  Args:
-    seed: seed of its exploration noise (give each actor its own).
-    with_noise: add N(0, sigma^2) exploration noise (clipped to the action bounds).
-    with_adder: write n-step transitions into the "replay" table.
-  """
-  client = reverb.Client(replay_address)
-  adder = None
-  if with_adder:
-    adder = NStepTransitionAdder(client, config.n_step, action_shape=env_spec.actions.shape)
-  return D4PGActor(
-      policy=_make_policy(config, env_spec), action_spec=env_spec.actions,
-      variable_client=VariableClient(client, update_period=config.variable_update_period),
-      adder=adder, sigma=config.sigma if with_noise else 0.0, seed=seed)
+    Args:
+      seed: seed of its exploration noise (give each actor its own).
+      with_noise: add N(0, sigma^2) exploration noise (clipped to the action bounds).
+      with_adder: write n-step transitions into the "replay" table.
+    """
+    client = reverb.Client(replay_address)
+    adder = None
+    if with_adder:
+        adder = NStepTransitionAdder(client, config.n_step, action_shape=env_spec.actions.shape)
+    return D4PGActor(
+        policy=_make_policy(config, env_spec),
+        action_spec=env_spec.actions,
+        variable_client=VariableClient(client, update_period=config.variable_update_period),
+        adder=adder,
+        sigma=config.sigma if with_noise else 0.0,
+        seed=seed,
+    )
 
 
-def make_evaluator(config: D4PGConfig, env_spec, replay_address: str,
-                   seed: int = 0) -> D4PGActor:
-  """The deterministic policy: no noise, no adder; pulls weights like an actor.
+def make_evaluator(config: D4PGConfig, env_spec, replay_address: str, seed: int = 0) -> D4PGActor:
+    """The deterministic policy: no noise, no adder; pulls weights like an actor.
 
-  Call `update(wait=True)` before each evaluation episode to evaluate the latest weights.
-  """
-  return make_actor(config, env_spec, replay_address, seed, with_noise=False,
-                    with_adder=False)
+    Call `update(wait=True)` before each evaluation episode to evaluate the latest weights.
+    """
+    return make_actor(config, env_spec, replay_address, seed, with_noise=False, with_adder=False)

@@ -6,136 +6,152 @@ import dataclasses
 import json
 import types
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
 class D4PGConfig:
-  """Hyperparameters of distributed D4PG (Barth-Maron et al., 2018).
+    """Hyperparameters of distributed D4PG (Barth-Maron et al., 2018).
 
-  Defaults follow the published agent (and Acme's D4PG defaults). Every field can be
-  overridden, e.g. from the command line as `--config.batch_size=128` via
-  `D4PGConfig.from_overrides({"batch_size": "128"})`.
+    Defaults follow the published agent (and Acme's D4PG defaults). Every field can be
+    overridden, e.g. from the command line as `--config.batch_size=128` via
+    `D4PGConfig.from_overrides({"batch_size": "128"})`.
 
-  Example:
-    >>> cfg = D4PGConfig.from_overrides({"policy_layers": "64,64", "sigma": "0.2"})
-    >>> cfg.policy_layers, cfg.sigma
-    ((64, 64), 0.2)
-  """
-
-  # Return and target.
-  discount: float = 0.99
-  n_step: int = 5
-  # Networks.
-  policy_layers: tuple[int, ...] = (256, 256, 256)
-  critic_layers: tuple[int, ...] = (512, 512, 256)
-  num_atoms: int = 51
-  vmin: float = -150.0
-  vmax: float = 150.0
-  # Conv torso used when observations are pixels: (channels, kernel, stride) per layer,
-  # then a linear layer of `torso_output_size` units.
-  conv_channels: tuple[int, ...] = (32, 32, 32)
-  conv_kernels: tuple[int, ...] = (3, 3, 3)
-  conv_strides: tuple[int, ...] = (2, 1, 1)
-  torso_output_size: int = 50
-  # Optimisation.
-  batch_size: int = 256  # Global batch: split evenly across the learner's replicas.
-  policy_lr: float = 1e-4
-  critic_lr: float = 1e-4
-  clipping: bool = True
-  max_gradient_norm: float = 40.0  # Per-network global norm clip when `clipping`.
-  target_update_period: int = 100
-  jit_compile: bool = True  # XLA-compile the forward/backward pass of the update.
-  # Replay.
-  max_replay_size: int = 1_000_000
-  min_replay_size: int = 1000
-  samples_per_insert: float = 32.0  # <= 0 disables the ratio limiter (MinSize only).
-  samples_per_insert_tolerance_rate: float = 0.1
-  prefetch_size: int = 4
-  max_in_flight_samples_per_worker: int = 512
-  # Acting.
-  sigma: float = 0.3
-  variable_update_period: int = 1000  # Actor pulls weights every K environment steps.
-  publish_period: int = 10  # Learner publishes weights every K updates.
-  # Environment.
-  from_pixels: bool = False
-  image_size: int = 84
-  frame_stack: int = 1
-  action_repeat: int = 1
-  # Reproducibility.
-  seed: int = 0
-
-  def __post_init__(self):
-    problems = []
-    for name in ("n_step", "num_atoms", "batch_size", "target_update_period",
-                 "max_replay_size", "variable_update_period", "publish_period",
-                 "image_size", "frame_stack", "action_repeat", "prefetch_size",
-                 "max_in_flight_samples_per_worker", "torso_output_size"):
-      if getattr(self, name) < 1:
-        problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-    if not 0.0 <= self.discount <= 1.0:
-      problems.append(f"discount must be in [0, 1], got {self.discount}")
-    if self.vmin >= self.vmax:
-      problems.append(f"vmin ({self.vmin}) must be < vmax ({self.vmax})")
-    if self.num_atoms < 2:
-      problems.append(f"num_atoms must be >= 2, got {self.num_atoms}")
-    if self.min_replay_size < 1:
-      problems.append(f"min_replay_size must be >= 1, got {self.min_replay_size}")
-    if self.min_replay_size > self.max_replay_size:
-      problems.append("min_replay_size must be <= max_replay_size")
-    if self.sigma < 0:
-      problems.append(f"sigma must be >= 0, got {self.sigma}")
-    if not (len(self.conv_channels) == len(self.conv_kernels) == len(self.conv_strides)):
-      problems.append("conv_channels, conv_kernels and conv_strides must have equal lengths")
-    if not self.policy_layers or not self.critic_layers:
-      problems.append("policy_layers and critic_layers need at least one layer each")
-    if problems:
-      raise ValueError("Invalid D4PGConfig: " + "; ".join(problems))
-
-  # -- Serialisation -----------------------------------------------------------------
-
-  def to_dict(self) -> dict[str, Any]:
-    """Returns a JSON-compatible dict (tuples become lists)."""
-    return {f.name: (list(v) if isinstance(v, tuple) else v)
-            for f in dataclasses.fields(self) for v in [getattr(self, f.name)]}
-
-  def to_json(self) -> str:
-    return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-  @classmethod
-  def from_dict(cls, values: Mapping[str, Any]) -> "D4PGConfig":
-    """Builds a config from typed values (e.g. `json.loads` of `to_json()`)."""
-    _check_known(cls, values)
-    hints = typing.get_type_hints(cls)
-    return cls(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})
-
-  @classmethod
-  def from_json(cls, text: str) -> "D4PGConfig":
-    return cls.from_dict(json.loads(text))
-
-  @classmethod
-  def from_overrides(cls, overrides: Mapping[str, Any],
-                     base: "D4PGConfig | None" = None) -> "D4PGConfig":
-    """Returns `base` (default: defaults) with `overrides` applied.
-
-    Values may be strings as typed on a command line ("128", "64,64", "true", "1e-4")
-    or already-typed values.
-
-    Raises:
-      ValueError: naming the unknown key (and listing the valid ones) or the bad value.
+    Example:
+      >>> cfg = D4PGConfig.from_overrides({"policy_layers": "64,64", "sigma": "0.2"})
+      >>> cfg.policy_layers, cfg.sigma
+      ((64, 64), 0.2)
     """
-    base = base or cls()
-    _check_known(cls, overrides)
-    hints = typing.get_type_hints(cls)
-    parsed = {k: _coerce(k, v, hints[k]) for k, v in overrides.items()}
-    return dataclasses.replace(base, **parsed)
+
+    # Return and target.
+    discount: float = 0.99
+    n_step: int = 5
+    # Networks.
+    policy_layers: tuple[int, ...] = (256, 256, 256)
+    critic_layers: tuple[int, ...] = (512, 512, 256)
+    num_atoms: int = 51
+    vmin: float = -150.0
+    vmax: float = 150.0
+    # Conv torso used when observations are pixels: (channels, kernel, stride) per layer,
+    # then a linear layer of `torso_output_size` units.
+    conv_channels: tuple[int, ...] = (32, 32, 32)
+    conv_kernels: tuple[int, ...] = (3, 3, 3)
+    conv_strides: tuple[int, ...] = (2, 1, 1)
+    torso_output_size: int = 50
+    # Optimisation.
+    batch_size: int = 256  # Global batch: split evenly across the learner's replicas.
+    policy_lr: float = 1e-4
+    critic_lr: float = 1e-4
+    clipping: bool = True
+    max_gradient_norm: float = 40.0  # Per-network global norm clip when `clipping`.
+    target_update_period: int = 100
+    jit_compile: bool = True  # XLA-compile the forward/backward pass of the update.
+    # Replay.
+    max_replay_size: int = 1_000_000
+    min_replay_size: int = 1000
+    samples_per_insert: float = 32.0  # <= 0 disables the ratio limiter (MinSize only).
+    samples_per_insert_tolerance_rate: float = 0.1
+    prefetch_size: int = 4
+    max_in_flight_samples_per_worker: int = 512
+    # Acting.
+    sigma: float = 0.3
+    variable_update_period: int = 1000  # Actor pulls weights every K environment steps.
+    publish_period: int = 10  # Learner publishes weights every K updates.
+    # Environment.
+    from_pixels: bool = False
+    image_size: int = 84
+    frame_stack: int = 1
+    action_repeat: int = 1
+    # Reproducibility.
+    seed: int = 0
+
+    def __post_init__(self):
+        problems = []
+        for name in (
+            "n_step",
+            "num_atoms",
+            "batch_size",
+            "target_update_period",
+            "max_replay_size",
+            "variable_update_period",
+            "publish_period",
+            "image_size",
+            "frame_stack",
+            "action_repeat",
+            "prefetch_size",
+            "max_in_flight_samples_per_worker",
+            "torso_output_size",
+        ):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.discount <= 1.0:
+            problems.append(f"discount must be in [0, 1], got {self.discount}")
+        if self.vmin >= self.vmax:
+            problems.append(f"vmin ({self.vmin}) must be < vmax ({self.vmax})")
+        if self.num_atoms < 2:
+            problems.append(f"num_atoms must be >= 2, got {self.num_atoms}")
+        if self.min_replay_size < 1:
+            problems.append(f"min_replay_size must be >= 1, got {self.min_replay_size}")
+        if self.min_replay_size > self.max_replay_size:
+            problems.append("min_replay_size must be <= max_replay_size")
+        if self.sigma < 0:
+            problems.append(f"sigma must be >= 0, got {self.sigma}")
+        if not (len(self.conv_channels) == len(self.conv_kernels) == len(self.conv_strides)):
+            problems.append("conv_channels, conv_kernels and conv_strides must have equal lengths")
+        if not self.policy_layers or not self.critic_layers:
+            problems.append("policy_layers and critic_layers need at least one layer each")
+        if problems:
+            raise ValueError("Invalid D4PGConfig: " + "; ".join(problems))
+
+    # -- Serialisation -----------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns a JSON-compatible dict (tuples become lists)."""
+        return {
+            f.name: (list(v) if isinstance(v, tuple) else v)
+            for f in dataclasses.fields(self)
+            for v in [getattr(self, f.name)]
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> D4PGConfig:
+        """Builds a config from typed values (e.g. `json.loads` of `to_json()`)."""
+        _check_known(cls, values)
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> D4PGConfig:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_overrides(
+        cls, overrides: Mapping[str, Any], base: D4PGConfig | None = None
+    ) -> D4PGConfig:
+        """Returns `base` (default: defaults) with `overrides` applied.
+
+        Values may be strings as typed on a command line ("128", "64,64", "true", "1e-4")
+        or already-typed values.
+
+        Raises:
+          ValueError: naming the unknown key (and listing the valid ones) or the bad value.
+        """
+        base = base or cls()
+        _check_known(cls, overrides)
+        hints = typing.get_type_hints(cls)
+        parsed = {k: _coerce(k, v, hints[k]) for k, v in overrides.items()}
+        return dataclasses.replace(base, **parsed)
 
 
 def _check_known(cls, values: Mapping[str, Any]) -> None:
-  known = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(values) - known)
-  if unknown:
-    raise ValueError(f"Unknown D4PG config key(s) {unknown}. Valid keys: {sorted(known)}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"Unknown D4PG config key(s) {unknown}. Valid keys: {sorted(known)}")
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -143,48 +159,48 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
-  """Converts `value` (string or typed) to the field type `hint`, or raises ValueError."""
-  origin = typing.get_origin(hint)
-  try:
-    if origin in (typing.Union, types.UnionType):
-      args = [a for a in typing.get_args(hint) if a is not type(None)]
-      if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
-        return None
-      return _coerce(key, value, args[0])
-    if origin is tuple:
-      (elem, *_rest) = typing.get_args(hint)
-      if isinstance(value, str):
-        items = [s for s in value.replace("(", "").replace(")", "").split(",") if s.strip()]
-      else:
-        items = list(value)
-      return tuple(_coerce(key, item, elem) for item in items)
-    if hint is bool:
-      if isinstance(value, bool):
-        return value
-      text = str(value).strip().lower()
-      if text in _TRUE:
-        return True
-      if text in _FALSE:
-        return False
-      raise ValueError(f"expected a boolean (true/false), got {value!r}")
-    if hint is int:
-      if isinstance(value, bool):
-        raise ValueError(f"expected an integer, got {value!r}")
-      if isinstance(value, str):
-        value = value.strip().replace("_", "")
-        as_float = float(value)  # Accepts "1e6".
-        if not as_float.is_integer():
-          raise ValueError(f"expected an integer, got {value!r}")
-        return int(as_float)
-      if isinstance(value, float) and not value.is_integer():
-        raise ValueError(f"expected an integer, got {value!r}")
-      return int(value)
-    if hint is float:
-      if isinstance(value, bool):
-        raise ValueError(f"expected a number, got {value!r}")
-      return float(str(value).strip()) if isinstance(value, str) else float(value)
-    if hint is str:
-      return str(value)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"Bad value for D4PG config key {key!r} (type {hint}): {e}") from None
-  raise ValueError(f"D4PG config key {key!r} has unsupported type {hint}")
+    """Converts `value` (string or typed) to the field type `hint`, or raises ValueError."""
+    origin = typing.get_origin(hint)
+    try:
+        if origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "")):
+                return None
+            return _coerce(key, value, args[0])
+        if origin is tuple:
+            (elem, *_rest) = typing.get_args(hint)
+            if isinstance(value, str):
+                items = [s for s in value.replace("(", "").replace(")", "").split(",") if s.strip()]
+            else:
+                items = list(value)
+            return tuple(_coerce(key, item, elem) for item in items)
+        if hint is bool:
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError(f"expected a boolean (true/false), got {value!r}")
+        if hint is int:
+            if isinstance(value, bool):
+                raise ValueError(f"expected an integer, got {value!r}")
+            if isinstance(value, str):
+                value = value.strip().replace("_", "")
+                as_float = float(value)  # Accepts "1e6".
+                if not as_float.is_integer():
+                    raise ValueError(f"expected an integer, got {value!r}")
+                return int(as_float)
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(f"expected an integer, got {value!r}")
+            return int(value)
+        if hint is float:
+            if isinstance(value, bool):
+                raise ValueError(f"expected a number, got {value!r}")
+            return float(str(value).strip()) if isinstance(value, str) else float(value)
+        if hint is str:
+            return str(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"Bad value for D4PG config key {key!r} (type {hint}): {e}") from None
+    raise ValueError(f"D4PG config key {key!r} has unsupported type {hint}")

@@ -11,96 +11,102 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def n_step_return(rewards: tf.Tensor, discounts: tf.Tensor, gamma: float,
-                  mask: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:
-  """n-step returns and bootstrap discounts of transitions of length m <= n.
+def n_step_return(
+    rewards: tf.Tensor, discounts: tf.Tensor, gamma: float, mask: tf.Tensor | None = None
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """n-step returns and bootstrap discounts of transitions of length m <= n.
 
-      R_t = sum_{k<m} gamma^k (prod_{i<k} d_{t+i}) r_{t+k}
-      D_t = gamma^m prod_{i<m} d_{t+i}
+        R_t = sum_{k<m} gamma^k (prod_{i<k} d_{t+i}) r_{t+k}
+        D_t = gamma^m prod_{i<m} d_{t+i}
 
-  With environment discounts in {0, 1} inside an episode (all 1 except possibly the last)
-  this is R_t = sum_{k<m} gamma^k r_{t+k} and D_t = gamma^m * prod_i d_{t+i}; the
-  general form also handles fractional environment discounts. The critic target is
-  R_t + D_t Z(o_{t+m}, pi(o_{t+m})).
+    With environment discounts in {0, 1} inside an episode (all 1 except possibly the last)
+    this is R_t = sum_{k<m} gamma^k r_{t+k} and D_t = gamma^m * prod_i d_{t+i}; the
+    general form also handles fractional environment discounts. The critic target is
+    R_t + D_t Z(o_{t+m}, pi(o_{t+m})).
 
-  Args:
-    rewards: [..., n] float32 rewards r_t..r_{t+n-1}.
-    discounts: [..., n] float32 environment discounts d_t..d_{t+n-1}.
-    gamma: the agent's discount.
-    mask: optional [..., n] bool, False on padding (positions k >= m of a transition
-      shorter than n); padded entries contribute nothing.
+    Args:
+      rewards: [..., n] float32 rewards r_t..r_{t+n-1}.
+      discounts: [..., n] float32 environment discounts d_t..d_{t+n-1}.
+      gamma: the agent's discount.
+      mask: optional [..., n] bool, False on padding (positions k >= m of a transition
+        shorter than n); padded entries contribute nothing.
 
-  Returns:
-    (R_t, D_t): float32 tensors of shape [...].
-  """
-  rewards = tf.cast(rewards, tf.float32)
-  gamma_discounts = gamma * tf.cast(discounts, tf.float32)
-  if mask is not None:
-    rewards = tf.where(mask, rewards, 0.0)
-    gamma_discounts = tf.where(mask, gamma_discounts, 1.0)
-  # Weight of r_{t+k}: prod_{i<k} gamma d_{t+i} (exclusive cumulative product).
-  weights = tf.math.cumprod(gamma_discounts, axis=-1, exclusive=True)
-  return (tf.reduce_sum(weights * rewards, axis=-1),
-          tf.reduce_prod(gamma_discounts, axis=-1))
-
-
-def categorical_l2_project(target_atoms: tf.Tensor, target_probs: tf.Tensor,
-                           support: tf.Tensor) -> tf.Tensor:
-  """Projects distributions on arbitrary atoms onto a fixed, evenly spaced support.
-
-  Each target atom z'_j = clip(R + D z_j, vmin, vmax) with probability p_j gives its mass to
-  the two support atoms around it, in proportion to closeness:
-
-      m_i = sum_j p_j * max(0, 1 - |z'_j - z_i| / dz),     dz = z_{i+1} - z_i.
-
-  This is the l2 (Cramer) projection of Bellemare et al. (2017) / Rowland et al. (2018);
-  it preserves total mass and, inside [vmin, vmax], the mean.
-
-  Args:
-    target_atoms: [B, N'] positions z'_j (need not lie on the support).
-    target_probs: [B, N'] probabilities p_j (rows sum to 1).
-    support: [N] evenly spaced atoms z_0 < ... < z_{N-1}.
-
-  Returns:
-    [B, N] projected probabilities.
-  """
-  support = tf.cast(support, tf.float32)
-  vmin, vmax = support[0], support[-1]
-  delta = support[1] - support[0]
-  clipped = tf.clip_by_value(tf.cast(target_atoms, tf.float32), vmin, vmax)
-  # [B, N', 1] against [1, 1, N] -> [B, N', N] overlap weights.
-  distance = tf.abs(clipped[:, :, None] - support[None, None, :])
-  weights = tf.maximum(0.0, 1.0 - distance / delta)
-  return tf.reduce_sum(weights * tf.cast(target_probs, tf.float32)[:, :, None], axis=1)
+    Returns:
+      (R_t, D_t): float32 tensors of shape [...].
+    """
+    rewards = tf.cast(rewards, tf.float32)
+    gamma_discounts = gamma * tf.cast(discounts, tf.float32)
+    if mask is not None:
+        rewards = tf.where(mask, rewards, 0.0)
+        gamma_discounts = tf.where(mask, gamma_discounts, 1.0)
+    # Weight of r_{t+k}: prod_{i<k} gamma d_{t+i} (exclusive cumulative product).
+    weights = tf.math.cumprod(gamma_discounts, axis=-1, exclusive=True)
+    return (tf.reduce_sum(weights * rewards, axis=-1), tf.reduce_prod(gamma_discounts, axis=-1))
 
 
-def distributional_td_loss(logits: tf.Tensor, returns: tf.Tensor, discounts: tf.Tensor,
-                           target_logits: tf.Tensor, support: tf.Tensor) -> tf.Tensor:
-  """Cross-entropy between the projected n-step target and the predicted distribution.
+def categorical_l2_project(
+    target_atoms: tf.Tensor, target_probs: tf.Tensor, support: tf.Tensor
+) -> tf.Tensor:
+    """Projects distributions on arbitrary atoms onto a fixed, evenly spaced support.
 
-      target = Proj( R_t + D_t Z_target(o_{t+m}, pi_target(o_{t+m})) )   (no gradient)
-      loss   = - mean_b sum_i target_i log softmax(logits)_i
+    Each target atom z'_j = clip(R + D z_j, vmin, vmax) with probability p_j gives its mass to
+    the two support atoms around it, in proportion to closeness:
 
-  Args:
-    logits: [B, N] online critic logits for (o_t, a_t).
-    returns, discounts: [B] n-step returns R_t and bootstrap discounts D_t.
-    target_logits: [B, N] target critic logits at (o_{t+m}, pi_target(o_{t+m})).
-    support: [N] atoms.
+        m_i = sum_j p_j * max(0, 1 - |z'_j - z_i| / dz),     dz = z_{i+1} - z_i.
 
-  Returns:
-    Scalar loss (mean over this replica's batch).
-  """
-  target_atoms = returns[:, None] + discounts[:, None] * support[None, :]
-  target = categorical_l2_project(target_atoms, tf.nn.softmax(target_logits), support)
-  target = tf.stop_gradient(target)
-  return tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(labels=target, logits=logits))
+    This is the l2 (Cramer) projection of Bellemare et al. (2017) / Rowland et al. (2018);
+    it preserves total mass and, inside [vmin, vmax], the mean.
+
+    Args:
+      target_atoms: [B, N'] positions z'_j (need not lie on the support).
+      target_probs: [B, N'] probabilities p_j (rows sum to 1).
+      support: [N] evenly spaced atoms z_0 < ... < z_{N-1}.
+
+    Returns:
+      [B, N] projected probabilities.
+    """
+    support = tf.cast(support, tf.float32)
+    vmin, vmax = support[0], support[-1]
+    delta = support[1] - support[0]
+    clipped = tf.clip_by_value(tf.cast(target_atoms, tf.float32), vmin, vmax)
+    # [B, N', 1] against [1, 1, N] -> [B, N', N] overlap weights.
+    distance = tf.abs(clipped[:, :, None] - support[None, None, :])
+    weights = tf.maximum(0.0, 1.0 - distance / delta)
+    return tf.reduce_sum(weights * tf.cast(target_probs, tf.float32)[:, :, None], axis=1)
+
+
+def distributional_td_loss(
+    logits: tf.Tensor,
+    returns: tf.Tensor,
+    discounts: tf.Tensor,
+    target_logits: tf.Tensor,
+    support: tf.Tensor,
+) -> tf.Tensor:
+    """Cross-entropy between the projected n-step target and the predicted distribution.
+
+        target = Proj( R_t + D_t Z_target(o_{t+m}, pi_target(o_{t+m})) )   (no gradient)
+        loss   = - mean_b sum_i target_i log softmax(logits)_i
+
+    Args:
+      logits: [B, N] online critic logits for (o_t, a_t).
+      returns, discounts: [B] n-step returns R_t and bootstrap discounts D_t.
+      target_logits: [B, N] target critic logits at (o_{t+m}, pi_target(o_{t+m})).
+      support: [N] atoms.
+
+    Returns:
+      Scalar loss (mean over this replica's batch).
+    """
+    target_atoms = returns[:, None] + discounts[:, None] * support[None, :]
+    target = categorical_l2_project(target_atoms, tf.nn.softmax(target_logits), support)
+    target = tf.stop_gradient(target)
+    return tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(labels=target, logits=logits))
 
 
 def dpg_loss(q_values: tf.Tensor) -> tf.Tensor:
-  """Deterministic policy gradient loss: -mean_b Q(o_t, pi(o_t)).
+    """Deterministic policy gradient loss: -mean_b Q(o_t, pi(o_t)).
 
-  Q is the mean of the critic's distribution, sum_i softmax(logits)_i z_i. Its gradient
-  with respect to the policy parameters theta is -mean_b dQ/da * dpi_theta/dtheta, the
-  DPG of Silver et al. (2014); only the policy's variables are updated with it.
-  """
-  return -tf.reduce_mean(q_values)
+    Q is the mean of the critic's distribution, sum_i softmax(logits)_i z_i. Its gradient
+    with respect to the policy parameters theta is -mean_b dQ/da * dpi_theta/dtheta, the
+    DPG of Silver et al. (2014); only the policy's variables are updated with it.
+    """
+    return -tf.reduce_mean(q_values)

@@ -17,7 +17,8 @@ The torso is trained by the critic loss only; the policy sees a stop-gradient em
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import itertools
+from collections.abc import Sequence
 
 import numpy as np
 import sonnet as snt
@@ -27,181 +28,201 @@ from agents.d4pg.config import D4PGConfig
 
 
 def _hidden_init() -> snt.initializers.Initializer:
-  return snt.initializers.VarianceScaling(1.0, "fan_in", "uniform")
+    return snt.initializers.VarianceScaling(1.0, "fan_in", "uniform")
 
 
 class LayerNormMLP(snt.Module):
-  """Linear -> LayerNorm -> tanh, then (Linear -> elu) for each further layer size.
+    """Linear -> LayerNorm -> tanh, then (Linear -> elu) for each further layer size.
 
-  The first-layer normalisation keeps the scale of the input (any observation) from
-  dictating the scale of everything after it.
-  """
+    The first-layer normalisation keeps the scale of the input (any observation) from
+    dictating the scale of everything after it.
+    """
 
-  def __init__(self, layer_sizes: Sequence[int], name: str | None = None):
-    super().__init__(name=name)
-    self.first = snt.Linear(layer_sizes[0], w_init=_hidden_init(), name="linear_0")
-    self.norm = snt.LayerNorm(axis=-1, create_scale=True, create_offset=True, name="norm")
-    self.rest = [snt.Linear(size, w_init=_hidden_init(), name=f"linear_{i + 1}")
-                 for i, size in enumerate(layer_sizes[1:])]
+    def __init__(self, layer_sizes: Sequence[int], name: str | None = None):
+        super().__init__(name=name)
+        self.first = snt.Linear(layer_sizes[0], w_init=_hidden_init(), name="linear_0")
+        self.norm = snt.LayerNorm(axis=-1, create_scale=True, create_offset=True, name="norm")
+        self.rest = [
+            snt.Linear(size, w_init=_hidden_init(), name=f"linear_{i + 1}")
+            for i, size in enumerate(layer_sizes[1:])
+        ]
 
-  def __call__(self, x: tf.Tensor) -> tf.Tensor:
-    h = tf.tanh(self.norm(self.first(x)))
-    for layer in self.rest:
-      h = tf.nn.elu(layer(h))
-    return h
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        h = tf.tanh(self.norm(self.first(x)))
+        for layer in self.rest:
+            h = tf.nn.elu(layer(h))
+        return h
 
-  def ordered_variables(self) -> list[tf.Variable]:
-    out = [self.first.w, self.first.b, self.norm.scale, self.norm.offset]
-    for layer in self.rest:
-      out += [layer.w, layer.b]
-    return out
+    def ordered_variables(self) -> list[tf.Variable]:
+        out = [self.first.w, self.first.b, self.norm.scale, self.norm.offset]
+        for layer in self.rest:
+            out += [layer.w, layer.b]
+        return out
 
 
 @snt.allow_empty_variables  # The feature torso has no variables.
 class Torso(snt.Module):
-  """Observation embedding: identity (flattened float32) for features, a conv net for pixels."""
+    """Observation embedding: identity (flattened float32) for features, a conv net for pixels."""
 
-  def __init__(self, config: D4PGConfig, pixels: bool, name: str | None = "torso"):
-    super().__init__(name=name)
-    self.pixels = pixels
-    if pixels:
-      self.convs = [snt.Conv2D(c, k, stride=s, padding="VALID", name=f"conv_{i}")
-                    for i, (c, k, s) in enumerate(zip(
-                        config.conv_channels, config.conv_kernels, config.conv_strides))]
-      self.linear = snt.Linear(config.torso_output_size, name="embed")
-      self.norm = snt.LayerNorm(axis=-1, create_scale=True, create_offset=True, name="norm")
-    else:
-      self.convs = []
+    def __init__(self, config: D4PGConfig, pixels: bool, name: str | None = "torso"):
+        super().__init__(name=name)
+        self.pixels = pixels
+        if pixels:
+            self.convs = [
+                snt.Conv2D(c, k, stride=s, padding="VALID", name=f"conv_{i}")
+                for i, (c, k, s) in enumerate(
+                    zip(config.conv_channels, config.conv_kernels, config.conv_strides)
+                )
+            ]
+            self.linear = snt.Linear(config.torso_output_size, name="embed")
+            self.norm = snt.LayerNorm(axis=-1, create_scale=True, create_offset=True, name="norm")
+        else:
+            self.convs = []
 
-  def __call__(self, observation: tf.Tensor) -> tf.Tensor:
-    if not self.pixels:
-      x = tf.cast(observation, tf.float32)
-      return tf.reshape(x, [tf.shape(x)[0], -1])
-    h = tf.cast(observation, tf.float32) / 255.0
-    for conv in self.convs:
-      h = tf.nn.relu(conv(h))
-    h = tf.reshape(h, [tf.shape(h)[0], -1])
-    return tf.tanh(self.norm(self.linear(h)))
+    def __call__(self, observation: tf.Tensor) -> tf.Tensor:
+        if not self.pixels:
+            x = tf.cast(observation, tf.float32)
+            return tf.reshape(x, [tf.shape(x)[0], -1])
+        h = tf.cast(observation, tf.float32) / 255.0
+        for conv in self.convs:
+            h = tf.nn.relu(conv(h))
+        h = tf.reshape(h, [tf.shape(h)[0], -1])
+        return tf.tanh(self.norm(self.linear(h)))
 
-  def ordered_variables(self) -> list[tf.Variable]:
-    if not self.pixels:
-      return []
-    out = []
-    for conv in self.convs:
-      out += [conv.w, conv.b]
-    return out + [self.linear.w, self.linear.b, self.norm.scale, self.norm.offset]
+    def ordered_variables(self) -> list[tf.Variable]:
+        if not self.pixels:
+            return []
+        out = []
+        for conv in self.convs:
+            out += [conv.w, conv.b]
+        return out + [self.linear.w, self.linear.b, self.norm.scale, self.norm.offset]
 
 
 class Policy(snt.Module):
-  """Deterministic policy: embedding -> action within [low, high]."""
+    """Deterministic policy: embedding -> action within [low, high]."""
 
-  def __init__(self, config: D4PGConfig, action_low: np.ndarray, action_high: np.ndarray,
-               name: str | None = "policy"):
-    super().__init__(name=name)
-    self._low = np.asarray(action_low, np.float32)
-    self._high = np.asarray(action_high, np.float32)
-    self.mlp = LayerNormMLP(config.policy_layers, name="mlp")
-    # Near-zero initial actions: early exploration is the Gaussian noise around 0.
-    self.head = snt.Linear(int(self._low.size),
-                           w_init=snt.initializers.VarianceScaling(1e-4, "fan_in", "uniform"),
-                           name="head")
+    def __init__(
+        self,
+        config: D4PGConfig,
+        action_low: np.ndarray,
+        action_high: np.ndarray,
+        name: str | None = "policy",
+    ):
+        super().__init__(name=name)
+        self._low = np.asarray(action_low, np.float32)
+        self._high = np.asarray(action_high, np.float32)
+        self.mlp = LayerNormMLP(config.policy_layers, name="mlp")
+        # Near-zero initial actions: early exploration is the Gaussian noise around 0.
+        self.head = snt.Linear(
+            int(self._low.size),
+            w_init=snt.initializers.VarianceScaling(1e-4, "fan_in", "uniform"),
+            name="head",
+        )
 
-  def __call__(self, embedding: tf.Tensor) -> tf.Tensor:
-    a = tf.tanh(self.head(self.mlp(embedding)))
-    return self._low + (a + 1.0) * 0.5 * (self._high - self._low)
+    def __call__(self, embedding: tf.Tensor) -> tf.Tensor:
+        a = tf.tanh(self.head(self.mlp(embedding)))
+        return self._low + (a + 1.0) * 0.5 * (self._high - self._low)
 
-  def ordered_variables(self) -> list[tf.Variable]:
-    return self.mlp.ordered_variables() + [self.head.w, self.head.b]
+    def ordered_variables(self) -> list[tf.Variable]:
+        return self.mlp.ordered_variables() + [self.head.w, self.head.b]
 
 
 class Critic(snt.Module):
-  """Distributional critic: logits over the atoms `support` for Z(s, a)."""
+    """Distributional critic: logits over the atoms `support` for Z(s, a)."""
 
-  def __init__(self, config: D4PGConfig, name: str | None = "critic"):
-    super().__init__(name=name)
-    self.support = tf.linspace(float(config.vmin), float(config.vmax), config.num_atoms)
-    self.mlp = LayerNormMLP(config.critic_layers, name="mlp")
-    self.head = snt.Linear(config.num_atoms, name="head")
+    def __init__(self, config: D4PGConfig, name: str | None = "critic"):
+        super().__init__(name=name)
+        self.support = tf.linspace(float(config.vmin), float(config.vmax), config.num_atoms)
+        self.mlp = LayerNormMLP(config.critic_layers, name="mlp")
+        self.head = snt.Linear(config.num_atoms, name="head")
 
-  def __call__(self, embedding: tf.Tensor, action: tf.Tensor) -> tf.Tensor:
-    x = tf.concat([embedding, tf.cast(action, tf.float32)], axis=-1)
-    return self.head(self.mlp(x))
+    def __call__(self, embedding: tf.Tensor, action: tf.Tensor) -> tf.Tensor:
+        x = tf.concat([embedding, tf.cast(action, tf.float32)], axis=-1)
+        return self.head(self.mlp(x))
 
-  def mean(self, logits: tf.Tensor) -> tf.Tensor:
-    """Expected value of the categorical distribution given by `logits`."""
-    return tf.reduce_sum(tf.nn.softmax(logits) * self.support, axis=-1)
+    def mean(self, logits: tf.Tensor) -> tf.Tensor:
+        """Expected value of the categorical distribution given by `logits`."""
+        return tf.reduce_sum(tf.nn.softmax(logits) * self.support, axis=-1)
 
 
 @dataclasses.dataclass
 class D4PGNetworks:
-  """The three modules of one D4PG network set (online or target)."""
-  torso: Torso
-  policy: Policy
-  critic: Critic
+    """The three modules of one D4PG network set (online or target)."""
 
-  def policy_variables(self) -> list[tf.Variable]:
-    return list(self.policy.trainable_variables)
+    torso: Torso
+    policy: Policy
+    critic: Critic
 
-  def critic_variables(self) -> list[tf.Variable]:
-    return list(self.torso.trainable_variables) + list(self.critic.trainable_variables)
+    def policy_variables(self) -> list[tf.Variable]:
+        return list(self.policy.trainable_variables)
 
-  def all_variables(self) -> list[tf.Variable]:
-    return self.torso.ordered_variables() + self.policy.ordered_variables() + (
-        self.critic.mlp.ordered_variables() + [self.critic.head.w, self.critic.head.b])
+    def critic_variables(self) -> list[tf.Variable]:
+        return list(self.torso.trainable_variables) + list(self.critic.trainable_variables)
 
-  def acting_variables(self) -> list[tf.Variable]:
-    """Variables an actor needs, in the order `NumpyPolicy.set_weights` expects."""
-    return self.torso.ordered_variables() + self.policy.ordered_variables()
+    def all_variables(self) -> list[tf.Variable]:
+        return (
+            self.torso.ordered_variables()
+            + self.policy.ordered_variables()
+            + (self.critic.mlp.ordered_variables() + [self.critic.head.w, self.critic.head.b])
+        )
+
+    def acting_variables(self) -> list[tf.Variable]:
+        """Variables an actor needs, in the order `NumpyPolicy.set_weights` expects."""
+        return self.torso.ordered_variables() + self.policy.ordered_variables()
 
 
 def is_pixels(observation_spec) -> bool:
-  """True for uint8 HxWxC observations (the conv torso), False for feature vectors."""
-  return len(observation_spec.shape) == 3 and np.dtype(observation_spec.dtype) == np.uint8
+    """True for uint8 HxWxC observations (the conv torso), False for feature vectors."""
+    return len(observation_spec.shape) == 3 and np.dtype(observation_spec.dtype) == np.uint8
 
 
 def make_networks(config: D4PGConfig, env_spec, name_prefix: str = "") -> D4PGNetworks:
-  """Builds a network set for `env_spec` and creates its variables (dummy forward pass).
+    """Builds a network set for `env_spec` and creates its variables (dummy forward pass).
 
-  Call inside `repl.scope()` for replicated variables.
-  """
-  obs_spec, act_spec = env_spec.observations, env_spec.actions
-  pixels = is_pixels(obs_spec)
-  nets = D4PGNetworks(
-      torso=Torso(config, pixels, name=f"{name_prefix}torso"),
-      policy=Policy(config, act_spec.minimum * np.ones(act_spec.shape),
-                    act_spec.maximum * np.ones(act_spec.shape), name=f"{name_prefix}policy"),
-      critic=Critic(config, name=f"{name_prefix}critic"),
-  )
-  dummy_obs = tf.zeros((1,) + tuple(obs_spec.shape), tf.dtypes.as_dtype(obs_spec.dtype))
-  dummy_act = tf.zeros((1,) + tuple(act_spec.shape), tf.float32)
-  embedding = nets.torso(dummy_obs)
-  nets.policy(embedding)
-  nets.critic(embedding, dummy_act)
-  return nets
+    Call inside `repl.scope()` for replicated variables.
+    """
+    obs_spec, act_spec = env_spec.observations, env_spec.actions
+    pixels = is_pixels(obs_spec)
+    nets = D4PGNetworks(
+        torso=Torso(config, pixels, name=f"{name_prefix}torso"),
+        policy=Policy(
+            config,
+            act_spec.minimum * np.ones(act_spec.shape),
+            act_spec.maximum * np.ones(act_spec.shape),
+            name=f"{name_prefix}policy",
+        ),
+        critic=Critic(config, name=f"{name_prefix}critic"),
+    )
+    dummy_obs = tf.zeros((1,) + tuple(obs_spec.shape), tf.dtypes.as_dtype(obs_spec.dtype))
+    dummy_act = tf.zeros((1,) + tuple(act_spec.shape), tf.float32)
+    embedding = nets.torso(dummy_obs)
+    nets.policy(embedding)
+    nets.critic(embedding, dummy_act)
+    return nets
 
 
 def acting_variable_shapes(config: D4PGConfig, env_spec) -> list[tuple[int, ...]]:
-  """Shapes of `acting_variables()`, computed without building (or initialising) TF.
+    """Shapes of `acting_variables()`, computed without building (or initialising) TF.
 
-  Used for the "params" table signature in a process that may not have chosen its
-  devices yet (logical CPUs must be configured before TensorFlow initialises).
-  """
-  obs_shape, act_shape = tuple(env_spec.observations.shape), tuple(env_spec.actions.shape)
-  shapes: list[tuple[int, ...]] = []
-  if is_pixels(env_spec.observations):
-    height, width, channels = obs_shape
-    for c, k, s in zip(config.conv_channels, config.conv_kernels, config.conv_strides):
-      shapes += [(k, k, channels, c), (c,)]
-      height, width, channels = (height - k) // s + 1, (width - k) // s + 1, c
-    flat = height * width * channels
-    out = config.torso_output_size
-    shapes += [(flat, out), (out,), (out,), (out,)]
-    embed_size = out
-  else:
-    embed_size = int(np.prod(obs_shape))
-  sizes = list(config.policy_layers)
-  shapes += [(embed_size, sizes[0]), (sizes[0],), (sizes[0],), (sizes[0],)]
-  for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-    shapes += [(fan_in, fan_out), (fan_out,)]
-  num_actions = int(np.prod(act_shape))
-  return shapes + [(sizes[-1], num_actions), (num_actions,)]
+    Used for the "params" table signature in a process that may not have chosen its
+    devices yet (logical CPUs must be configured before TensorFlow initialises).
+    """
+    obs_shape, act_shape = tuple(env_spec.observations.shape), tuple(env_spec.actions.shape)
+    shapes: list[tuple[int, ...]] = []
+    if is_pixels(env_spec.observations):
+        height, width, channels = obs_shape
+        for c, k, s in zip(config.conv_channels, config.conv_kernels, config.conv_strides):
+            shapes += [(k, k, channels, c), (c,)]
+            height, width, channels = (height - k) // s + 1, (width - k) // s + 1, c
+        flat = height * width * channels
+        out = config.torso_output_size
+        shapes += [(flat, out), (out,), (out,), (out,)]
+        embed_size = out
+    else:
+        embed_size = int(np.prod(obs_shape))
+    sizes = list(config.policy_layers)
+    shapes += [(embed_size, sizes[0]), (sizes[0],), (sizes[0],), (sizes[0],)]
+    for fan_in, fan_out in itertools.pairwise(sizes):
+        shapes += [(fan_in, fan_out), (fan_out,)]
+    num_actions = int(np.prod(act_shape))
+    return shapes + [(sizes[-1], num_actions), (num_actions,)]

@@ -8,7 +8,7 @@ nothing but the replay address.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import reverb
@@ -18,58 +18,58 @@ from agents.d4pg.replay import PARAMS_TABLE
 _log = logging.getLogger(__name__)
 
 
-def publish(client: reverb.Client, version: int, arrays: Sequence[np.ndarray],
-            table: str = PARAMS_TABLE) -> None:
-  """Makes `arrays` the latest weights (replacing the previous ones), tagged `version`."""
-  data = [np.asarray(version, np.int64)] + [np.asarray(a, np.float32) for a in arrays]
-  client.insert(data, priorities={table: 1.0})
+def publish(
+    client: reverb.Client, version: int, arrays: Sequence[np.ndarray], table: str = PARAMS_TABLE
+) -> None:
+    """Makes `arrays` the latest weights (replacing the previous ones), tagged `version`."""
+    data = [np.asarray(version, np.int64)] + [np.asarray(a, np.float32) for a in arrays]
+    client.insert(data, priorities={table: 1.0})
 
 
 class VariableClient:
-  """Pulls the latest published weights; every `update_period` calls of `update()`.
+    """Pulls the latest published weights; every `update_period` calls of `update()`.
 
-  Args:
-    client: a `reverb.Client` of the server holding the "params" table.
-    update_period: `update()` fetches on one call in this many; `update(wait=True)`
-      always fetches.
-    table: the params table name.
+    Args:
+      client: a `reverb.Client` of the server holding the "params" table.
+      update_period: `update()` fetches on one call in this many; `update(wait=True)`
+        always fetches.
+      table: the params table name.
 
-  Example:
-    variables = VariableClient(reverb.Client(address), update_period=1000)
-    variables.update(wait=True)        # blocks until the learner published once
-    weights, version = variables.weights, variables.version
-  """
-
-  def __init__(self, client: reverb.Client, update_period: int = 1,
-               table: str = PARAMS_TABLE):
-    self._client = client
-    self._period = max(1, int(update_period))
-    self._table = table
-    self._calls_since_attempt = 0
-    self._available = False  # Once the table is non-empty it stays so (max_size 1, FIFO).
-    self.weights: list[np.ndarray] | None = None
-    self.version: int = -1
-
-  def update(self, wait: bool = False) -> bool:
-    """Fetches the latest weights when due; returns whether it did.
-
-    Due: with `wait`, while no weights were fetched yet, or on every `update_period`-th
-    call since the last attempt. Non-blocking unless `wait`: before the learner's first
-    publish it returns False instead of waiting.
+    Example:
+      variables = VariableClient(reverb.Client(address), update_period=1000)
+      variables.update(wait=True)        # blocks until the learner published once
+      weights, version = variables.weights, variables.version
     """
-    self._calls_since_attempt += 1
-    due = wait or self.weights is None or self._calls_since_attempt >= self._period
-    if not due:
-      return False
-    self._calls_since_attempt = 0
-    if not wait and not self._available:
-      info = self._client.server_info()
-      if int(info[self._table].current_size) == 0:
-        return False
-    sample = next(self._client.sample(self._table, num_samples=1, emit_timesteps=False))
-    self._available = True
-    # Items written with `insert` come back with a leading time dimension of 1.
-    flat = [np.asarray(column)[0] for column in sample.data]
-    self.version = int(flat[0])
-    self.weights = flat[1:]
-    return True
+
+    def __init__(self, client: reverb.Client, update_period: int = 1, table: str = PARAMS_TABLE):
+        self._client = client
+        self._period = max(1, int(update_period))
+        self._table = table
+        self._calls_since_attempt = 0
+        self._available = False  # Once the table is non-empty it stays so (max_size 1, FIFO).
+        self.weights: list[np.ndarray] | None = None
+        self.version: int = -1
+
+    def update(self, wait: bool = False) -> bool:
+        """Fetches the latest weights when due; returns whether it did.
+
+        Due: with `wait`, while no weights were fetched yet, or on every `update_period`-th
+        call since the last attempt. Non-blocking unless `wait`: before the learner's first
+        publish it returns False instead of waiting.
+        """
+        self._calls_since_attempt += 1
+        due = wait or self.weights is None or self._calls_since_attempt >= self._period
+        if not due:
+            return False
+        self._calls_since_attempt = 0
+        if not wait and not self._available:
+            info = self._client.server_info()
+            if int(info[self._table].current_size) == 0:
+                return False
+        sample = next(self._client.sample(self._table, num_samples=1, emit_timesteps=False))
+        self._available = True
+        # Items written with `insert` come back with a leading time dimension of 1.
+        flat = [np.asarray(column)[0] for column in sample.data]
+        self.version = int(flat[0])
+        self.weights = flat[1:]
+        return True

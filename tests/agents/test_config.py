@@ -10,53 +10,61 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_published_defaults():
-  c = D4PGConfig()
-  assert (c.discount, c.batch_size, c.n_step, c.sigma) == (0.99, 256, 5, 0.3)
-  assert c.policy_layers == (256, 256, 256) and c.critic_layers == (512, 512, 256)
-  assert (c.num_atoms, c.vmin, c.vmax) == (51, -150.0, 150.0)
-  assert (c.policy_lr, c.critic_lr, c.target_update_period) == (1e-4, 1e-4, 100)
-  assert (c.max_replay_size, c.min_replay_size, c.samples_per_insert) == (1_000_000, 1000, 32.0)
+    c = D4PGConfig()
+    assert (c.discount, c.batch_size, c.n_step, c.sigma) == (0.99, 256, 5, 0.3)
+    assert c.policy_layers == (256, 256, 256) and c.critic_layers == (512, 512, 256)
+    assert (c.num_atoms, c.vmin, c.vmax) == (51, -150.0, 150.0)
+    assert (c.policy_lr, c.critic_lr, c.target_update_period) == (1e-4, 1e-4, 100)
+    assert (c.max_replay_size, c.min_replay_size, c.samples_per_insert) == (1_000_000, 1000, 32.0)
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    ({"batch_size": "128"}, {"batch_size": 128}),
-    ({"policy_layers": "64,64"}, {"policy_layers": (64, 64)}),
-    ({"policy_layers": "(32, 16)"}, {"policy_layers": (32, 16)}),
-    ({"critic_layers": [8]}, {"critic_layers": (8,)}),
-    ({"clipping": "false", "from_pixels": "True"}, {"clipping": False, "from_pixels": True}),
-    ({"min_replay_size": "1e3", "max_replay_size": "100_000"},
-     {"min_replay_size": 1000, "max_replay_size": 100_000}),
-    ({"policy_lr": "3e-4", "sigma": 0.2}, {"policy_lr": 3e-4, "sigma": 0.2}),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"batch_size": "128"}, {"batch_size": 128}),
+        ({"policy_layers": "64,64"}, {"policy_layers": (64, 64)}),
+        ({"policy_layers": "(32, 16)"}, {"policy_layers": (32, 16)}),
+        ({"critic_layers": [8]}, {"critic_layers": (8,)}),
+        ({"clipping": "false", "from_pixels": "True"}, {"clipping": False, "from_pixels": True}),
+        (
+            {"min_replay_size": "1e3", "max_replay_size": "100_000"},
+            {"min_replay_size": 1000, "max_replay_size": 100_000},
+        ),
+        ({"policy_lr": "3e-4", "sigma": 0.2}, {"policy_lr": 3e-4, "sigma": 0.2}),
+    ],
+)
 def test_overrides_parse_strings_to_field_types(overrides, expected):
-  config = D4PGConfig.from_overrides(overrides)
-  for key, value in expected.items():
-    assert getattr(config, key) == value
-    assert type(getattr(config, key)) is type(value)
+    config = D4PGConfig.from_overrides(overrides)
+    for key, value in expected.items():
+        assert getattr(config, key) == value
+        assert type(getattr(config, key)) is type(value)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"batch_sise": "128"}, "Unknown D4PG config key"),
-    ({"batch_size": "many"}, "batch_size"),
-    ({"batch_size": "1.5"}, "expected an integer"),
-    ({"clipping": "maybe"}, "expected a boolean"),
-    ({"policy_layers": "64,x"}, "policy_layers"),
-    ({"vmin": "200"}, "vmin"),
-    ({"n_step": "0"}, "n_step must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"batch_sise": "128"}, "Unknown D4PG config key"),
+        ({"batch_size": "many"}, "batch_size"),
+        ({"batch_size": "1.5"}, "expected an integer"),
+        ({"clipping": "maybe"}, "expected a boolean"),
+        ({"policy_layers": "64,x"}, "policy_layers"),
+        ({"vmin": "200"}, "vmin"),
+        ({"n_step": "0"}, "n_step must be >= 1"),
+    ],
+)
 def test_bad_overrides_say_what_is_wrong(overrides, message):
-  with pytest.raises(ValueError, match=message):
-    D4PGConfig.from_overrides(overrides)
+    with pytest.raises(ValueError, match=message):
+        D4PGConfig.from_overrides(overrides)
 
 
 def test_json_round_trip():
-  config = D4PGConfig.from_overrides({"policy_layers": "64,64", "seed": "7", "sigma": "0.1"})
-  text = config.to_json()
-  assert json.loads(text)["policy_layers"] == [64, 64]
-  assert D4PGConfig.from_json(text) == config
-  assert D4PGConfig.from_dict(config.to_dict()) == config
+    config = D4PGConfig.from_overrides({"policy_layers": "64,64", "seed": "7", "sigma": "0.1"})
+    text = config.to_json()
+    assert json.loads(text)["policy_layers"] == [64, 64]
+    assert D4PGConfig.from_json(text) == config
+    assert D4PGConfig.from_dict(config.to_dict()) == config
 
 
 def test_overrides_apply_on_top_of_a_base():
-  base = D4PGConfig.from_overrides({"batch_size": 64})
-  assert D4PGConfig.from_overrides({"sigma": "0.1"}, base=base).batch_size == 64
+    base = D4PGConfig.from_overrides({"batch_size": 64})
+    assert D4PGConfig.from_overrides({"sigma": "0.1"}, base=base).batch_size == 64

@@ -15,18 +15,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cpu2_update_equals_cpu_update_on_the_same_data():
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
-                        timeout=360, env=env, cwd=ROOT)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")][-1]
-  results = json.loads(line[len("RESULT "):])
-  for torso, by_clip in results.items():
-    for clip, r in by_clip.items():
-      where = f"{torso}, {clip}: {r}"
-      assert r["replicas"] == [2, 1], where
-      assert r["steps"] == [5, 5], where
-      assert r["max_param_change"] > 1e-4, where  # The networks really moved...
-      assert r["max_param_diff"] < 1e-5, where    # ...and identically.
-      assert r["metric_diff"] < 1e-5, where
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=360,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    results = json.loads(line[len("RESULT ") :])
+    for torso, by_clip in results.items():
+        for clip, r in by_clip.items():
+            where = f"{torso}, {clip}: {r}"
+            assert r["replicas"] == [2, 1], where
+            assert r["steps"] == [5, 5], where
+            assert r["max_param_change"] > 1e-4, where  # The networks really moved...
+            assert r["max_param_diff"] < 1e-5, where  # ...and identically.
+            assert r["metric_diff"] < 1e-5, where

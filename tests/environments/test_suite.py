@@ -1,4 +1,5 @@
 """Task names, `make` arguments, errors and specs (real dm-control physics)."""
+
 import os
 import subprocess
 import sys
@@ -7,10 +8,10 @@ import textwrap
 import dm_env
 import numpy as np
 import pytest
+from dm_control import suite as dm_suite
 from dm_env import specs
 
 import environments
-from dm_control import suite as dm_suite
 
 
 def test_list_tasks_is_sorted_and_complete():
@@ -22,12 +23,15 @@ def test_list_tasks_is_sorted_and_complete():
     assert all(name.count(":") == 1 for name in tasks)
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("cartpol:swingup", "cartpole:swingup"),   # typo in the domain
-    ("walker:wlak", "walker:walk"),            # typo in the task
-    ("walker-walk", "walker:walk"),            # malformed: no colon
-    ("cheetah", "cheetah:run"),                # malformed: domain only
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("cartpol:swingup", "cartpole:swingup"),  # typo in the domain
+        ("walker:wlak", "walker:walk"),  # typo in the task
+        ("walker-walk", "walker:walk"),  # malformed: no colon
+        ("cheetah", "cheetah:run"),  # malformed: domain only
+    ],
+)
 def test_unknown_or_malformed_name_suggests_close_matches(name, expected):
     with pytest.raises(environments.UnknownTaskError) as info:
         environments.make(name)
@@ -47,11 +51,14 @@ def test_parse_task_name():
     assert environments.parse_task_name("ball_in_cup:catch") == ("ball_in_cup", "catch")
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(action_repeat=0), "action_repeat"),
-    (dict(frame_stack=3), "from_pixels=True"),
-    (dict(time_limit=0.0), "time_limit"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(action_repeat=0), "action_repeat"),
+        (dict(frame_stack=3), "from_pixels=True"),
+        (dict(time_limit=0.0), "time_limit"),
+    ],
+)
 def test_make_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         environments.make("cartpole:swingup", **kwargs)
@@ -71,8 +78,9 @@ def test_time_limit_is_in_seconds_of_simulation():
     raw = dm_suite.load("cartpole", "swingup", task_kwargs={"random": 0, "time_limit": 0.2})
     assert raw.control_timestep() == pytest.approx(0.01)
     assert _episode_length(environments.make("cartpole:swingup", time_limit=0.2)) == 20
-    assert _episode_length(
-        environments.make("cartpole:swingup", time_limit=0.2, action_repeat=4)) == 5
+    assert (
+        _episode_length(environments.make("cartpole:swingup", time_limit=0.2, action_repeat=4)) == 5
+    )
     default = environments.make("cartpole:swingup")  # Task default: 1000 steps.
     default.reset()
     assert not any(default.step(np.zeros(1, np.float32)).last() for _ in range(25))
@@ -132,14 +140,18 @@ def test_broken_renderer_gives_one_clear_error():
         if "PYOPENGL_PLATFORM" not in extra:
             env.pop("PYOPENGL_PLATFORM", None)
         procs[case] = subprocess.Popen(
-            [sys.executable, "-c", _RENDERING_PROBE], env=env, cwd=root,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [sys.executable, "-c", _RENDERING_PROBE],
+            env=env,
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     for case, proc in procs.items():
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, f"{case}: {err}"
         outputs[case] = out
-        for needle in ("MUJOCO_GL=egl", "libegl1 libegl-mesa0", "MUJOCO_GL=osmesa",
-                       "libosmesa6"):
+        for needle in ("MUJOCO_GL=egl", "libegl1 libegl-mesa0", "MUJOCO_GL=osmesa", "libosmesa6"):
             assert needle in out, f"{case}: {needle!r} missing from {out!r}"
     # The import-time fallback must not leak its temporary settings to child processes.
     assert "ENV egl osmesa" in outputs["import time"]

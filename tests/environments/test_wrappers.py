@@ -1,11 +1,12 @@
 """The wrappers `environments.make` stacks, checked against raw dm-control envs."""
+
 import dm_env
 import numpy as np
 import pytest
+from dm_control import suite as dm_suite
 from dm_env import specs
 
 import environments
-from dm_control import suite as dm_suite
 from environments import wrappers
 
 
@@ -23,6 +24,7 @@ def _random_actions(spec, n, seed=0):
 
 
 # Features -------------------------------------------------------------------------------
+
 
 def test_features_shape_dtype_and_timestep_types():
     env = environments.make("walker:walk")  # orientations (14,), height (), velocity (9,)
@@ -63,8 +65,10 @@ def test_observations_are_fresh_arrays():
 def _rollout(env, actions):
     timesteps = [env.reset()]
     timesteps += [env.step(a) for a in actions]
-    return (np.stack([t.observation for t in timesteps]),
-            np.array([t.reward for t in timesteps[1:]]))
+    return (
+        np.stack([t.observation for t in timesteps]),
+        np.array([t.reward for t in timesteps[1:]]),
+    )
 
 
 def test_same_seed_same_trajectory_different_seed_differs():
@@ -80,6 +84,7 @@ def test_same_seed_same_trajectory_different_seed_differs():
 
 # Canonical actions ----------------------------------------------------------------------
 
+
 def test_canonical_actions_map_onto_non_symmetric_bounds():
     # quadruped's actuators: [-1, 1], [-1, 1.1] (non-symmetric), [-0.8, 0.8] (non-unit).
     env = environments.make("quadruped:walk")
@@ -89,8 +94,9 @@ def test_canonical_actions_map_onto_non_symmetric_bounds():
     ones = np.ones(12, np.float32)
     np.testing.assert_allclose(env.to_task_action(-ones), bounds.minimum, atol=1e-7)
     np.testing.assert_allclose(env.to_task_action(ones), bounds.maximum, atol=1e-7)
-    np.testing.assert_allclose(env.to_task_action(0 * ones),
-                               (bounds.minimum + bounds.maximum) / 2, atol=1e-7)
+    np.testing.assert_allclose(
+        env.to_task_action(0 * ones), (bounds.minimum + bounds.maximum) / 2, atol=1e-7
+    )
     # Out of range is clipped to [-1, 1] first, so it lands on the bounds.
     np.testing.assert_allclose(env.to_task_action(5 * ones), bounds.maximum, atol=1e-7)
     np.testing.assert_allclose(env.to_task_action(-5 * ones), bounds.minimum, atol=1e-7)
@@ -106,8 +112,9 @@ def test_canonical_actions_map_onto_non_symmetric_bounds():
 
 
 def test_canonical_action_mapping_on_constructed_spec():
-    spec = specs.BoundedArray((4,), np.float64, minimum=[0.0, -2.0, -1e10, -np.inf],
-                              maximum=[10.0, 4.0, 1e10, np.inf])
+    spec = specs.BoundedArray(
+        (4,), np.float64, minimum=[0.0, -2.0, -1e10, -np.inf], maximum=[10.0, 4.0, 1e10, np.inf]
+    )
     scale, offset = wrappers.canonical_action_mapping(spec)
     # Unlimited dimensions (dm-control reports +-1e10) pass through unscaled.
     np.testing.assert_array_equal(scale, [5.0, 3.0, 1.0, 1.0])
@@ -137,6 +144,7 @@ def test_wrong_action_shape_is_rejected():
 
 # Action repeat --------------------------------------------------------------------------
 
+
 def test_action_repeat_sums_rewards_of_raw_steps():
     k = 3
     raw = _raw("walker:walk", seed=5)
@@ -159,16 +167,18 @@ def test_action_repeat_stops_at_episode_end_and_auto_resets():
     raw.reset(), env.reset()
     action = np.array([0.7], np.float32)
     raw_rewards = []
-    while not raw_rewards or not raw_steps_last:
+    timestep = None
+    while timestep is None or not timestep.last():
         timestep = raw.step(action.astype(np.float64))
         raw_rewards.append(timestep.reward)
-        raw_steps_last = timestep.last()
     assert len(raw_rewards) == 10
     agent_steps = [env.step(action) for _ in range(3)]
     assert [t.step_type for t in agent_steps] == [dm_env.StepType.MID] * 2 + [dm_env.StepType.LAST]
-    np.testing.assert_allclose([t.reward for t in agent_steps],
-                               [sum(raw_rewards[:4]), sum(raw_rewards[4:8]),
-                                sum(raw_rewards[8:])], rtol=1e-6)
+    np.testing.assert_allclose(
+        [t.reward for t in agent_steps],
+        [sum(raw_rewards[:4]), sum(raw_rewards[4:8]), sum(raw_rewards[8:])],
+        rtol=1e-6,
+    )
     # Time-limit ends truncate, they do not terminate: the discount stays 1.
     assert agent_steps[-1].discount == 1.0
     restart = env.step(action)
@@ -177,6 +187,7 @@ def test_action_repeat_stops_at_episode_end_and_auto_resets():
 
 # Pixels ---------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def pixel_env_factory():
     def make(**kwargs):
@@ -184,6 +195,7 @@ def pixel_env_factory():
             return environments.make("cartpole:swingup", from_pixels=True, **kwargs)
         except environments.RenderingUnavailableError as e:
             pytest.skip(f"no OpenGL renderer: {e}")
+
     return make
 
 
@@ -198,13 +210,13 @@ def test_pixels_shape_dtype_and_stacking(pixel_env_factory):
     assert first.dtype == np.uint8 and first.shape == (48, 64, 9)
     # After reset all three frames are the first render.
     for i in range(3):
-        np.testing.assert_array_equal(first[..., 3 * i:3 * i + 3], _render(env, 48, 64))
+        np.testing.assert_array_equal(first[..., 3 * i : 3 * i + 3], _render(env, 48, 64))
     assert first.std() > 0  # Not a blank image.
 
     push = np.ones(1, np.float32)
     second = env.step(push).observation
     np.testing.assert_array_equal(second[..., 6:9], _render(env, 48, 64))  # Newest last.
-    np.testing.assert_array_equal(second[..., 0:6], first[..., 3:9])      # Older shift.
+    np.testing.assert_array_equal(second[..., 0:6], first[..., 3:9])  # Older shift.
     third = env.step(push).observation
     np.testing.assert_array_equal(third[..., 0:3], first[..., 6:9])
     np.testing.assert_array_equal(third[..., 3:6], second[..., 6:9])

@@ -14,66 +14,75 @@ from launch.program import NEVER_RESTART, Node, Program, Ref, RestartPolicy
 
 
 def server(ctx):
-  """Serves a line-based TCP counter on loopback; publishes its address."""
-  sock = socket.socket()
-  sock.bind(("127.0.0.1", 0))
-  sock.listen(8)
-  sock.settimeout(0.2)
-  ctx.publish("server_address", f"{ctx.advertise_host}:{sock.getsockname()[1]}")
-  ctx.gauge(**{f"pid_{ctx.name}": os.getpid()})
-  served = 0
-  while not ctx.should_stop():
-    try:
-      conn, _ = sock.accept()
-    except socket.timeout:
-      continue
-    with conn:
-      served += 1
-      conn.sendall(f"{served}\n".encode())
-  sock.close()
-  with open(ctx.path("server_stopped.txt"), "w") as f:
-    f.write(str(served))
+    """Serves a line-based TCP counter on loopback; publishes its address."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.settimeout(0.2)
+    ctx.publish("server_address", f"{ctx.advertise_host}:{sock.getsockname()[1]}")
+    ctx.gauge(**{f"pid_{ctx.name}": os.getpid()})
+    served = 0
+    while not ctx.should_stop():
+        try:
+            conn, _ = sock.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            served += 1
+            conn.sendall(f"{served}\n".encode())
+    sock.close()
+    with open(ctx.path("server_stopped.txt"), "w") as f:
+        f.write(str(served))
 
 
 def client(ctx, *, address, interval=0.05):
-  """Asks the server for a number repeatedly; counts the requests."""
-  ctx.gauge(**{f"pid_{ctx.name}": os.getpid()})
-  host, port = address.rsplit(":", 1)
-  while not ctx.wait(interval):
-    with socket.create_connection((host, int(port)), timeout=5) as conn:
-      conn.recv(64)
-    ctx.count(actor_steps=1)
+    """Asks the server for a number repeatedly; counts the requests."""
+    ctx.gauge(**{f"pid_{ctx.name}": os.getpid()})
+    host, port = address.rsplit(":", 1)
+    while not ctx.wait(interval):
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.recv(64)
+        ctx.count(actor_steps=1)
 
 
 def counter(ctx, *, tick=0.05, crash_on_attempt=-1, crash_after=5, ignore_stop=False):
-  """Counts ticks; raises on attempt `crash_on_attempt` after `crash_after` ticks."""
-  ctx.gauge(**{f"pid_{ctx.name}": os.getpid(), f"attempt_{ctx.name}": ctx.attempt})
-  ticks = 0
-  while ignore_stop or not ctx.should_stop():
-    time.sleep(tick)
-    ticks += 1
-    ctx.count(**{f"ticks_{ctx.name}": 1})
-    if ctx.attempt == crash_on_attempt and ticks >= crash_after:
-      raise RuntimeError(f"{ctx.name} crashes on purpose")
+    """Counts ticks; raises on attempt `crash_on_attempt` after `crash_after` ticks."""
+    ctx.gauge(**{f"pid_{ctx.name}": os.getpid(), f"attempt_{ctx.name}": ctx.attempt})
+    ticks = 0
+    while ignore_stop or not ctx.should_stop():
+        time.sleep(tick)
+        ticks += 1
+        ctx.count(**{f"ticks_{ctx.name}": 1})
+        if ctx.attempt == crash_on_attempt and ticks >= crash_after:
+            raise RuntimeError(f"{ctx.name} crashes on purpose")
 
 
 def failing(ctx):
-  raise RuntimeError("this node always fails")
+    raise RuntimeError("this node always fails")
 
 
 def demo_program(stubborn=False):
-  nodes = [
-      Node("server", "tests.launch.nodes:server", restart=NEVER_RESTART, stop_phase=1),
-      Node("client", "tests.launch.nodes:client", {"address": Ref("server_address")},
-           restart=RestartPolicy(initial_backoff=0.2)),
-      Node("counter", "tests.launch.nodes:counter", {"ignore_stop": stubborn}),
-  ]
-  return Program("demo", nodes)
+    nodes = [
+        Node("server", "tests.launch.nodes:server", restart=NEVER_RESTART, stop_phase=1),
+        Node(
+            "client",
+            "tests.launch.nodes:client",
+            {"address": Ref("server_address")},
+            restart=RestartPolicy(initial_backoff=0.2),
+        ),
+        Node("counter", "tests.launch.nodes:counter", {"ignore_stop": stubborn}),
+    ]
+    return Program("demo", nodes)
 
 
 if __name__ == "__main__":
-  run_dir, backend = sys.argv[1], sys.argv[2]
-  outcome = launcher.run(demo_program(stubborn="stubborn" in sys.argv), run_dir, backend,
-                         stop_grace=2.0, progress_every=1.0,
-                         env={"PYTHONPATH": os.getcwd()} if backend == "local" else None)
-  print("OUTCOME", outcome.reason, flush=True)
+    run_dir, backend = sys.argv[1], sys.argv[2]
+    outcome = launcher.run(
+        demo_program(stubborn="stubborn" in sys.argv),
+        run_dir,
+        backend,
+        stop_grace=2.0,
+        progress_every=1.0,
+        env={"PYTHONPATH": os.getcwd()} if backend == "local" else None,
+    )
+    print("OUTCOME", outcome.reason, flush=True)

@@ -15,178 +15,239 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def _run(*args, env=None, timeout=400):
-  proc = subprocess.run([sys.executable, "-m", "launch.cli", *args], cwd=s.REPO,
-                        capture_output=True, text=True, timeout=timeout,
-                        env={**os.environ, **(env or {})})
-  return proc.returncode, proc.stdout, proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.cli", *args],
+        cwd=s.REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def _snapshot(root):
-  """Every file under `root` with its size, mtime and content hash."""
-  out = {}
-  for dirpath, _, files in os.walk(root):
-    for name in files:
-      path = os.path.join(dirpath, name)
-      st = os.stat(path)
-      with open(path, "rb") as f:
-        out[path] = (st.st_size, st.st_mtime_ns, hashlib.sha1(f.read()).hexdigest())
-  return out
+    """Every file under `root` with its size, mtime and content hash."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            st = os.stat(path)
+            with open(path, "rb") as f:
+                out[path] = (st.st_size, st.st_mtime_ns, hashlib.sha1(f.read()).hexdigest())
+    return out
 
 
 def _error_line(capsys):
-  captured = capsys.readouterr()
-  assert "Traceback" not in captured.err + captured.out
-  return captured.err
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    return captured.err
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-  run_dir = str(tmp_path_factory.mktemp("cli") / "run")
-  code, out, err = _run(
-      "launch", "d4pg", "--backend", "local", "--env", s.TASK, "--actors", "1",
-      "--steps", "1200", "--run-dir", run_dir, "--eval-every", "2", "--eval-episodes", "1",
-      "--checkpoint-every", "50", "--progress-every", "2", *s.TINY_FLAGS)
-  assert code == 0, out + err
-  return run_dir, out
+    run_dir = str(tmp_path_factory.mktemp("cli") / "run")
+    code, out, err = _run(
+        "launch",
+        "d4pg",
+        "--backend",
+        "local",
+        "--env",
+        s.TASK,
+        "--actors",
+        "1",
+        "--steps",
+        "1200",
+        "--run-dir",
+        run_dir,
+        "--eval-every",
+        "2",
+        "--eval-episodes",
+        "1",
+        "--checkpoint-every",
+        "50",
+        "--progress-every",
+        "2",
+        *s.TINY_FLAGS,
+    )
+    assert code == 0, out + err
+    return run_dir, out
 
 
 def test_launch_writes_the_run_directory(finished_run):
-  run_dir, out = finished_run
-  assert f"Run directory: {run_dir}" in out
-  assert "Finished: " in out and "actor steps" in out
-  for name in ("run.json", "config.json", "metrics.csv", "logs/learner.log",
-               "logs/replay.log", "logs/actor_0.log", "logs/evaluator.log",
-               "checkpoints/learner/checkpoint"):
-    assert os.path.exists(os.path.join(run_dir, name)), name
-  assert os.listdir(os.path.join(run_dir, "checkpoints", "replay"))
-  for node in ("learner", "evaluator"):
-    events = os.listdir(os.path.join(run_dir, "tensorboard", node))
-    assert any(e.startswith("events.out.tfevents") for e in events), node
-  with open(os.path.join(run_dir, "metrics.csv")) as f:
-    header, *rows = f.read().splitlines()
-  assert header.startswith("wall_time_s,unix_time,actor_steps,learner_steps")
-  assert rows
+    run_dir, out = finished_run
+    assert f"Run directory: {run_dir}" in out
+    assert "Finished: " in out and "actor steps" in out
+    for name in (
+        "run.json",
+        "config.json",
+        "metrics.csv",
+        "logs/learner.log",
+        "logs/replay.log",
+        "logs/actor_0.log",
+        "logs/evaluator.log",
+        "checkpoints/learner/checkpoint",
+    ):
+        assert os.path.exists(os.path.join(run_dir, name)), name
+    assert os.listdir(os.path.join(run_dir, "checkpoints", "replay"))
+    for node in ("learner", "evaluator"):
+        events = os.listdir(os.path.join(run_dir, "tensorboard", node))
+        assert any(e.startswith("events.out.tfevents") for e in events), node
+    with open(os.path.join(run_dir, "metrics.csv")) as f:
+        header, *rows = f.read().splitlines()
+    assert header.startswith("wall_time_s,unix_time,actor_steps,learner_steps")
+    assert rows
 
 
 def test_evaluate_prints_return_and_writes_video(finished_run):
-  run_dir, _ = finished_run
-  video = os.path.join(run_dir, "episode.gif")
-  code, out, err = _run("evaluate", "--run-dir", run_dir, "--episodes", "2", "--video", video)
-  assert code == 0, out + err
-  assert "return over 2 episode(s): mean" in out
-  assert os.path.getsize(video) > 1000
+    run_dir, _ = finished_run
+    video = os.path.join(run_dir, "episode.gif")
+    code, out, err = _run("evaluate", "--run-dir", run_dir, "--episodes", "2", "--video", video)
+    assert code == 0, out + err
+    assert "return over 2 episode(s): mean" in out
+    assert os.path.getsize(video) > 1000
 
 
 def test_plot_writes_png(finished_run):
-  run_dir, _ = finished_run
-  assert cli.main(["plot", "--run-dir", run_dir]) == 0
-  with open(os.path.join(run_dir, "eval_return.png"), "rb") as f:
-    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    run_dir, _ = finished_run
+    assert cli.main(["plot", "--run-dir", run_dir]) == 0
+    with open(os.path.join(run_dir, "eval_return.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_relaunch_rules_leave_the_run_untouched(finished_run, capsys):
-  run_dir, _ = finished_run
-  before = _snapshot(run_dir)
-  # Another task: refused, with what to do.
-  assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--env", "walker:walk"]) == 2
-  err = _error_line(capsys)
-  assert "holds a different run" in err and "task" in err and "new --run-dir" in err
-  # A config that changes the networks: refused.
-  assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--config.policy_layers=8"]) == 2
-  assert "config.policy_layers" in _error_line(capsys)
-  # Budget already spent: nothing to do, and says how to continue.
-  assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--steps", "1000"]) == 0
-  assert "pass a larger --steps" in capsys.readouterr().out
-  after = _snapshot(run_dir)
-  changed = {p for p in before if before[p] != after.get(p)}
-  assert changed <= {os.path.join(run_dir, ".launch.lock")}, changed
+    run_dir, _ = finished_run
+    before = _snapshot(run_dir)
+    # Another task: refused, with what to do.
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--env", "walker:walk"]) == 2
+    err = _error_line(capsys)
+    assert "holds a different run" in err and "task" in err and "new --run-dir" in err
+    # A config that changes the networks: refused.
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--config.policy_layers=8"]) == 2
+    assert "config.policy_layers" in _error_line(capsys)
+    # Budget already spent: nothing to do, and says how to continue.
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--steps", "1000"]) == 0
+    assert "pass a larger --steps" in capsys.readouterr().out
+    after = _snapshot(run_dir)
+    changed = {p for p in before if before[p] != after.get(p)}
+    assert changed <= {os.path.join(run_dir, ".launch.lock")}, changed
 
 
-@pytest.mark.parametrize("args, code, message", [
-    (["--env", "cartpole:swingupp"], 2, "Did you mean: cartpole:swingup"),
-    (["--backend", "slurm"], 2, "invalid choice: 'slurm'"),
-    (["--learner-replicas", "cpu:x"], 2, "Valid forms"),
-    (["--config.batch_sise=32"], 2, "Unknown D4PG config key(s) ['batch_sise']"),
-    (["--config.batch_size=abc"], 2, "Bad value for D4PG config key 'batch_size'"),
-    (["--learner-replicas", "cpu:3"], 2, "must be divisible by the 3 learner replicas"),
-    (["--ray-address", "127.0.0.1:1"], 2, "--ray-address only applies to --backend ray"),
-    (["--actors", "0"], 2, "--actors must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--env", "cartpole:swingupp"], 2, "Did you mean: cartpole:swingup"),
+        (["--backend", "slurm"], 2, "invalid choice: 'slurm'"),
+        (["--learner-replicas", "cpu:x"], 2, "Valid forms"),
+        (["--config.batch_sise=32"], 2, "Unknown D4PG config key(s) ['batch_sise']"),
+        (["--config.batch_size=abc"], 2, "Bad value for D4PG config key 'batch_size'"),
+        (["--learner-replicas", "cpu:3"], 2, "must be divisible by the 3 learner replicas"),
+        (["--ray-address", "127.0.0.1:1"], 2, "--ray-address only applies to --backend ray"),
+        (["--actors", "0"], 2, "--actors must be at least 1"),
+    ],
+)
 def test_bad_launch_input(tmp_path, capsys, args, code, message):
-  run_dir = str(tmp_path / "run")
-  assert cli.main(["launch", "d4pg", "--run-dir", run_dir, *args]) == code
-  err = _error_line(capsys)
-  assert message in err
-  assert len(err.strip().splitlines()) == 1 or "Valid forms" in err
-  assert not os.path.exists(run_dir)
+    run_dir = str(tmp_path / "run")
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, *args]) == code
+    err = _error_line(capsys)
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 or "Valid forms" in err
+    assert not os.path.exists(run_dir)
 
 
 def test_port_in_use(tmp_path, capsys):
-  with socket.socket(socket.AF_INET6) as held:
-    held.bind(("::", 0))
-    held.listen(1)
-    port = held.getsockname()[1]
-    assert cli.main(["launch", "d4pg", "--run-dir", str(tmp_path / "run"),
-                     "--replay-port", str(port)]) == 2
-  assert f"--replay-port {port} is already in use" in _error_line(capsys)
-  assert not os.path.exists(tmp_path / "run")
+    with socket.socket(socket.AF_INET6) as held:
+        held.bind(("::", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        assert (
+            cli.main(
+                ["launch", "d4pg", "--run-dir", str(tmp_path / "run"), "--replay-port", str(port)]
+            )
+            == 2
+        )
+    assert f"--replay-port {port} is already in use" in _error_line(capsys)
+    assert not os.path.exists(tmp_path / "run")
 
 
 def test_ray_unreachable(tmp_path, capsys):
-  with socket.socket() as sock:  # A port nobody listens on.
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-  assert cli.main(["launch", "d4pg", "--backend", "ray", "--ray-address", f"127.0.0.1:{port}",
-                   "--run-dir", str(tmp_path / "run")]) == 1
-  err = _error_line(capsys)
-  assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in err and "ray start --head" in err
-  assert not os.path.exists(tmp_path / "run")
+    with socket.socket() as sock:  # A port nobody listens on.
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    assert (
+        cli.main(
+            [
+                "launch",
+                "d4pg",
+                "--backend",
+                "ray",
+                "--ray-address",
+                f"127.0.0.1:{port}",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 1
+    )
+    err = _error_line(capsys)
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in err and "ray start --head" in err
+    assert not os.path.exists(tmp_path / "run")
 
 
 def test_ray_not_installed(tmp_path):
-  # An environment where `import ray` fails, as it does when Ray is not installed.
-  fake = tmp_path / "no_ray" / "ray"
-  fake.mkdir(parents=True)
-  (fake / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
-  code, out, err = _run("launch", "d4pg", "--backend", "ray", "--run-dir",
-                        str(tmp_path / "run"),
-                        env={"PYTHONPATH": f"{fake.parent}{os.pathsep}{s.REPO}"})
-  assert code == 2, out + err
-  assert "needs Ray, which is not installed" in err and "pip install" in err
-  assert "Traceback" not in err
-  assert not os.path.exists(tmp_path / "run")
+    # An environment where `import ray` fails, as it does when Ray is not installed.
+    fake = tmp_path / "no_ray" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    code, out, err = _run(
+        "launch",
+        "d4pg",
+        "--backend",
+        "ray",
+        "--run-dir",
+        str(tmp_path / "run"),
+        env={"PYTHONPATH": f"{fake.parent}{os.pathsep}{s.REPO}"},
+    )
+    assert code == 2, out + err
+    assert "needs Ray, which is not installed" in err and "pip install" in err
+    assert "Traceback" not in err
+    assert not os.path.exists(tmp_path / "run")
 
 
 def test_evaluate_and_plot_need_a_run(tmp_path, capsys):
-  empty = str(tmp_path)
-  assert cli.main(["evaluate", "--run-dir", empty]) == 2
-  assert "is not a D4PG run directory" in _error_line(capsys)
-  assert cli.main(["plot", "--run-dir", empty]) == 1
-  assert "has no evaluation yet" in _error_line(capsys)
+    empty = str(tmp_path)
+    assert cli.main(["evaluate", "--run-dir", empty]) == 2
+    assert "is not a D4PG run directory" in _error_line(capsys)
+    assert cli.main(["plot", "--run-dir", empty]) == 1
+    assert "has no evaluation yet" in _error_line(capsys)
 
 
 def test_list_tasks(capsys):
-  assert cli.main(["list-tasks"]) == 0
-  assert "cartpole:swingup" in capsys.readouterr().out.split()
+    assert cli.main(["list-tasks"]) == 0
+    assert "cartpole:swingup" in capsys.readouterr().out.split()
 
 
 def test_train_subcommands_come_from_vision(capsys):
-  import importlib.util
-  have = [m for m in ("vision.resnet_cli", "vision.sngan_cli")
-          if importlib.util.find_spec(m) is not None]
-  code = cli.main(["train", "--help"])
-  captured = capsys.readouterr()
-  if have:
-    assert code == 0
-    for name, module in (("resnet50", "vision.resnet_cli"), ("sngan", "vision.sngan_cli")):
-      assert (name in captured.out) == (module in have)
-  else:
-    assert code == 2 and "needs the vision trainers" in captured.err
+    import importlib.util
+
+    have = [
+        m
+        for m in ("vision.resnet_cli", "vision.sngan_cli")
+        if importlib.util.find_spec(m) is not None
+    ]
+    code = cli.main(["train", "--help"])
+    captured = capsys.readouterr()
+    if have:
+        assert code == 0
+        for name, module in (("resnet50", "vision.resnet_cli"), ("sngan", "vision.sngan_cli")):
+            assert (name in captured.out) == (module in have)
+    else:
+        assert code == 2 and "needs the vision trainers" in captured.err
 
 
 def test_show_config_prints_effective_flags(capsys):
-  assert cli.main(["launch", "d4pg", "--show-config", "--config.sigma=0.2"]) == 0
-  lines = capsys.readouterr().out.split()
-  assert "--config.sigma=0.2" in lines and "--config.policy_layers=64,64" in lines
-  assert cli.main(["launch", "d4pg", "--preset", "paper", "--show-config"]) == 0
-  assert "--config.policy_layers=256,256,256" in capsys.readouterr().out.split()
+    assert cli.main(["launch", "d4pg", "--show-config", "--config.sigma=0.2"]) == 0
+    lines = capsys.readouterr().out.split()
+    assert "--config.sigma=0.2" in lines and "--config.policy_layers=64,64" in lines
+    assert cli.main(["launch", "d4pg", "--preset", "paper", "--show-config"]) == 0
+    assert "--config.policy_layers=256,256,256" in capsys.readouterr().out.split()

@@ -10,19 +10,20 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import replication  # noqa: E402
+import replication
 
 sys.path.insert(0, os.path.dirname(__file__))
-from toy_regression import GLOBAL_BATCH, build, data, train_step_fn  # noqa: E402
+from toy_regression import GLOBAL_BATCH, build, data, train_step_fn
 
 
 def main() -> None:
     task_index, out, workers = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
-    repl = replication.make("multiworker", workers=workers, task_index=task_index,
-                            collective_timeout=60)
+    repl = replication.make(
+        "multiworker", workers=workers, task_index=task_index, collective_timeout=60
+    )
     x, y = data()
     model, opt = build(repl)
 
@@ -32,7 +33,9 @@ def main() -> None:
         per_replica = ctx.get_per_replica_batch_size(GLOBAL_BATCH)
         start = ctx.input_pipeline_id * per_replica
         batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
-        return batches.map(lambda a, b: (a[start:start + per_replica], b[start:start + per_replica]))
+        return batches.map(
+            lambda a, b: (a[start : start + per_replica], b[start : start + per_replica])
+        )
 
     iterator = iter(repl.distribute(input_fn))
     step = train_step_fn(repl, model, opt)
@@ -40,12 +43,19 @@ def main() -> None:
 
     @tf.function
     def ids():
-        return repl.run(lambda: replication.all_reduce(
-            tf.cast(replication.replica_id(), tf.float32) + 1.0, "sum"))
+        return repl.run(
+            lambda: replication.all_reduce(
+                tf.cast(replication.replica_id(), tf.float32) + 1.0, "sum"
+            )
+        )
 
-    np.savez(out, losses=np.array(losses), id_sum=repl.local_results(ids())[0].numpy(),
-             replicas=repl.num_replicas,
-             **{f"param{i}": v.numpy() for i, v in enumerate(model.trainable_variables)})
+    np.savez(
+        out,
+        losses=np.array(losses),
+        id_sum=repl.local_results(ids())[0].numpy(),
+        replicas=repl.num_replicas,
+        **{f"param{i}": v.numpy() for i, v in enumerate(model.trainable_variables)},
+    )
 
 
 if __name__ == "__main__":

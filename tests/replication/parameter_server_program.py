@@ -15,23 +15,29 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 STEPS = int(os.environ.get("PS_STEPS", "300"))
-SERVER = ("import json, sys, tensorflow as tf; "
-          "tf.distribute.Server(tf.train.ClusterSpec(json.loads(sys.argv[1])), job_name=sys.argv[2], "
-          "task_index=int(sys.argv[3]), protocol='grpc', start=True).join()")
+SERVER = (
+    "import json, sys, tensorflow as tf; "
+    "tf.distribute.Server(tf.train.ClusterSpec(json.loads(sys.argv[1])), job_name=sys.argv[2], "
+    "task_index=int(sys.argv[3]), protocol='grpc', start=True).join()"
+)
 
 
 def start_servers(cluster: dict) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(cluster), job, str(i)])
-            for job in ("ps", "worker") for i in range(len(cluster[job]))]
+    return [
+        subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(cluster), job, str(i)])
+        for job in ("ps", "worker")
+        for i in range(len(cluster[job]))
+    ]
 
 
 def train(out: str, cluster: dict) -> None:
     import tensorflow as tf
 
     import replication
+
     sys.path.insert(0, os.path.dirname(__file__))
     from toy_regression import build, data, loss_fn
 
@@ -40,8 +46,12 @@ def train(out: str, cluster: dict) -> None:
     model, opt = build(repl, learning_rate=0.05)
 
     def input_fn(ctx):
-        return (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=ctx.input_pipeline_id)
-                .repeat().batch(ctx.get_per_replica_batch_size(16)))
+        return (
+            tf.data.Dataset.from_tensor_slices((x, y))
+            .shuffle(256, seed=ctx.input_pipeline_id)
+            .repeat()
+            .batch(ctx.get_per_replica_batch_size(16))
+        )
 
     per_worker = iter(repl.distribute(input_fn))
 
@@ -52,14 +62,20 @@ def train(out: str, cluster: dict) -> None:
                 loss = loss_fn(model, xb, yb)
             opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
             return loss
+
         return repl.run(step, *next(iterator))
 
     initial = float(loss_fn(model, x, y))
     for _ in range(STEPS):
         repl.schedule(train_step, per_worker)
     repl.join()
-    np.savez(out, initial=initial, final=float(loss_fn(model, x, y)),
-             steps=int(opt.optimizer.step.numpy()), asynchronous=repl.is_asynchronous)
+    np.savez(
+        out,
+        initial=initial,
+        final=float(loss_fn(model, x, y)),
+        steps=int(opt.optimizer.step.numpy()),
+        asynchronous=repl.is_asynchronous,
+    )
 
 
 def main() -> None:

@@ -28,17 +28,21 @@ def run(repl, fn, stacked):
     def go():
         def step():
             return fn(tf.gather(stacked, replication.replica_id()))
+
         return repl.run(step)
 
     return [tf.nest.map_structure(lambda t: t.numpy(), r) for r in repl.local_results(go())]
 
 
-@pytest.mark.parametrize("op, reference", [
-    ("sum", lambda a: np.sum(a, 0)),
-    ("mean", lambda a: np.mean(a, 0)),
-    ("max", lambda a: np.max(a, 0)),
-    ("min", lambda a: np.min(a, 0)),
-])
+@pytest.mark.parametrize(
+    "op, reference",
+    [
+        ("sum", lambda a: np.sum(a, 0)),
+        ("mean", lambda a: np.mean(a, 0)),
+        ("max", lambda a: np.max(a, 0)),
+        ("min", lambda a: np.min(a, 0)),
+    ],
+)
 def test_all_reduce_matches_numpy_on_every_replica(repl, op, reference):
     arrays, stacked = per_replica_values()
     results = run(repl, lambda x: replication.all_reduce(x, op), stacked)
@@ -48,8 +52,13 @@ def test_all_reduce_matches_numpy_on_every_replica(repl, op, reference):
 
 def test_all_reduce_accepts_nests_and_integer_means(repl):
     arrays, stacked = per_replica_values()
-    results = run(repl, lambda x: replication.all_reduce(
-        {"a": x, "n": tf.cast(replication.replica_id(), tf.int32)}, "mean"), stacked)
+    results = run(
+        repl,
+        lambda x: replication.all_reduce(
+            {"a": x, "n": tf.cast(replication.replica_id(), tf.int32)}, "mean"
+        ),
+        stacked,
+    )
     for result in results:
         np.testing.assert_allclose(result["a"], np.mean(arrays, 0), rtol=1e-6)
         assert result["n"].dtype == np.float32 and result["n"] == pytest.approx(1.5)
@@ -65,13 +74,16 @@ def test_all_gather_concatenates_in_replica_order(repl):
 
 def test_all_gather_allows_uneven_sizes_along_the_axis(repl):
     # Replica r contributes r+1 rows: an uneven last batch.
-    values = tf.constant(np.arange(REPLICAS * REPLICAS * 2, dtype=np.float32).reshape(REPLICAS, REPLICAS, 2))
+    values = tf.constant(
+        np.arange(REPLICAS * REPLICAS * 2, dtype=np.float32).reshape(REPLICAS, REPLICAS, 2)
+    )
 
     @tf.function
     def go():
         def step():
             r = replication.replica_id()
             return replication.all_gather(tf.gather(values, r)[: r + 1], axis=0)
+
         return repl.run(step)
 
     expected = np.concatenate([values.numpy()[r][: r + 1] for r in range(REPLICAS)])
@@ -104,16 +116,21 @@ def test_broadcast_from_a_missing_replica_is_a_clear_error(repl):
 
 
 def test_replica_id_and_num_replicas(repl):
-    results = run(repl, lambda x: (replication.replica_id(), replication.num_replicas() + 0 * x[0, 0]),
-                  per_replica_values()[1])
+    results = run(
+        repl,
+        lambda x: (replication.replica_id(), replication.num_replicas() + 0 * x[0, 0]),
+        per_replica_values()[1],
+    )
     assert [int(r[0]) for r in results] == list(range(REPLICAS))
     assert all(float(r[1]) == REPLICAS for r in results)
 
 
 def test_collectives_outside_a_step_say_what_to_use_instead(repl):
-    with repl.scope():
-        with pytest.raises(replication.NotInReplicaContextError, match="Replicator.reduce"):
-            replication.all_reduce(tf.ones([2]), "sum")
+    with (
+        repl.scope(),
+        pytest.raises(replication.NotInReplicaContextError, match="Replicator.reduce"),
+    ):
+        replication.all_reduce(tf.ones([2]), "sum")
 
 
 def test_unknown_reduction_is_refused(repl):
@@ -121,12 +138,18 @@ def test_unknown_reduction_is_refused(repl):
         run(repl, lambda x: replication.all_reduce(x, "median"), per_replica_values()[1])
 
 
-@pytest.mark.parametrize("op, reference", [("sum", np.sum), ("mean", np.mean), ("max", np.max), ("min", np.min)])
+@pytest.mark.parametrize(
+    "op, reference", [("sum", np.sum), ("mean", np.mean), ("max", np.max), ("min", np.min)]
+)
 def test_reduce_and_gather_in_cross_replica_context(repl, op, reference):
     arrays, stacked = per_replica_values()
     per_replica = repl.run(lambda: tf.gather(stacked, replication.replica_id()))
-    np.testing.assert_allclose(repl.reduce(per_replica, op).numpy(), reference(np.stack(arrays), 0), rtol=1e-6)
-    np.testing.assert_array_equal(repl.gather(per_replica, axis=0).numpy(), np.concatenate(arrays, 0))
+    np.testing.assert_allclose(
+        repl.reduce(per_replica, op).numpy(), reference(np.stack(arrays), 0), rtol=1e-6
+    )
+    np.testing.assert_array_equal(
+        repl.gather(per_replica, axis=0).numpy(), np.concatenate(arrays, 0)
+    )
 
 
 def test_global_batch_must_split_evenly(repl):
@@ -144,4 +167,6 @@ def test_distribute_gives_each_replica_its_share_of_the_global_batch(repl):
 
     first = next(iter(repl.distribute(input_fn)))
     shares = [t.numpy().tolist() for t in repl.local_results(first)]
-    assert sorted(sum(shares, [])) == list(range(8)) and all(len(s) == 2 for s in shares)
+    assert sorted(v for s in shares for v in s) == list(range(8)) and all(
+        len(s) == 2 for s in shares
+    )

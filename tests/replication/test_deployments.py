@@ -6,20 +6,26 @@ import tensorflow as tf
 import replication
 
 
-@pytest.mark.parametrize("spec, kind, replicas, per_replica", [
-    ("cpu", "cpu", 1, 1),
-    ("cpu:4", "cpu", 4, 1),
-    ("CPU:2x2", "cpu", 2, 2),
-    ("gpu", "gpu", None, 1),
-    ("gpu:8", "gpu", 8, 1),
-    ("multiworker", "multiworker", None, 1),
-    ("ps", "ps", None, 1),
-    ("tpu", "tpu", None, 1),
-])
+@pytest.mark.parametrize(
+    "spec, kind, replicas, per_replica",
+    [
+        ("cpu", "cpu", 1, 1),
+        ("cpu:4", "cpu", 4, 1),
+        ("CPU:2x2", "cpu", 2, 2),
+        ("gpu", "gpu", None, 1),
+        ("gpu:8", "gpu", 8, 1),
+        ("multiworker", "multiworker", None, 1),
+        ("ps", "ps", None, 1),
+        ("tpu", "tpu", None, 1),
+    ],
+)
 def test_parse_valid_specs(spec, kind, replicas, per_replica):
     deployment = replication.parse(spec)
     assert (deployment.kind, deployment.replicas, deployment.devices_per_replica) == (
-        kind, replicas, per_replica)
+        kind,
+        replicas,
+        per_replica,
+    )
 
 
 def test_tpu_address_is_kept_verbatim():

@@ -22,7 +22,9 @@ class Net(snt.Module):
         # rounding noise in it into an ill-conditioned comparison.
         self.hidden = snt.Linear(16, with_bias=not batch_norm, w_init=init)
         self.out = snt.Linear(1, w_init=snt.initializers.VarianceScaling(seed=2))
-        self.bn = replication.CrossReplicaBatchNorm(True, True, decay_rate=0.9) if batch_norm else None
+        self.bn = (
+            replication.CrossReplicaBatchNorm(True, True, decay_rate=0.9) if batch_norm else None
+        )
         self.sn = replication.SpectralNorm() if spectral_norm else None
 
     def __call__(self, x, is_training=True):
@@ -122,7 +124,10 @@ def test_each_replica_keeps_an_identical_copy_of_every_variable():
         opt.apply(tape.gradient(loss, net.trainable_variables), net.trainable_variables)
 
     data = repl.distribute_dataset(
-        tf.data.Dataset.from_tensor_slices(np.random.RandomState(1).randn(16, FEATURES).astype(np.float32)).batch(8))
+        tf.data.Dataset.from_tensor_slices(
+            np.random.RandomState(1).randn(16, FEATURES).astype(np.float32)
+        ).batch(8)
+    )
     for batch in data:
         tf.function(lambda b: repl.run(step, b))(batch)
     for variable in net.variables + opt.variables:

@@ -36,7 +36,9 @@ def test_second_stage_runs_on_each_replicas_second_device():
     repl = replication.make("cpu:2x2")
     assert repl.num_replicas == 2 and repl.devices_per_replica == 2
     results, devices = two_stage_forward(repl, model_parallel=True)
-    devices = [tf.DeviceSpec.from_string(d.numpy().decode() if hasattr(d, "numpy") else d) for d in devices]
+    devices = [
+        tf.DeviceSpec.from_string(d.numpy().decode() if hasattr(d, "numpy") else d) for d in devices
+    ]
     # Replica 0 spans CPU:0-1 and replica 1 spans CPU:2-3.
     assert [d.device_index for d in devices] == [1, 3]
     reference, _ = two_stage_forward(replication.make("cpu:2"), model_parallel=False)

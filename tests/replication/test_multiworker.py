@@ -18,8 +18,9 @@ def single_process_reference():
     repl = replication.make("cpu")
     x, y = data()
     model, opt = build(repl)
-    iterator = iter(repl.distribute(
-        lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)))
+    iterator = iter(
+        repl.distribute(lambda ctx: tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH))
+    )
     step = train_step_fn(repl, model, opt)
     losses = [float(step(iterator)) for _ in range(5)]
     return losses, [v.numpy() for v in model.trainable_variables]
@@ -29,8 +30,13 @@ def test_two_workers_match_one_process_with_the_global_batch(tmp_path):
     workers = [f"localhost:{free_port()}", f"localhost:{free_port()}"]
     outputs = [tmp_path / f"worker{i}.npz" for i in range(2)]
     processes = [
-        subprocess.Popen([sys.executable, str(PROGRAM), str(i), str(outputs[i]), *workers],
-                         env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, str(PROGRAM), str(i), str(outputs[i]), *workers],
+            env=python_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(2)
     ]
     logs = []

@@ -14,8 +14,13 @@ PROGRAM = Path(__file__).with_name("parameter_server_program.py")
 def test_async_cluster_trains_a_regression_to_threshold(tmp_path):
     out = tmp_path / "ps.npz"
     ports = [str(free_port()) for _ in range(3)]
-    process = subprocess.run([sys.executable, str(PROGRAM), str(out), *ports], env=python_env(),
-                             capture_output=True, text=True, timeout=300)
+    process = subprocess.run(
+        [sys.executable, str(PROGRAM), str(out), *ports],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
     result = np.load(out)
     assert bool(result["asynchronous"])

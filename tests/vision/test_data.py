@@ -22,9 +22,15 @@ def tiny(tmp_path_factory) -> dict[str, str]:
     roots = {}
     for form in data.tiny.FORMS:
         root = str(tmp_path_factory.mktemp(form))
-        data.write_tiny_imagenet(root, form=form, num_classes=NUM_CLASSES,
-                                 images_per_class=PER_CLASS,
-                                 eval_images_per_class=EVAL_PER_CLASS, size=24, num_shards=4)
+        data.write_tiny_imagenet(
+            root,
+            form=form,
+            num_classes=NUM_CLASSES,
+            images_per_class=PER_CLASS,
+            eval_images_per_class=EVAL_PER_CLASS,
+            size=24,
+            num_shards=4,
+        )
         roots[form] = root
     return roots
 
@@ -53,8 +59,10 @@ def _raw_keys(shard: data.Shard, seed=None) -> list[bytes]:
 @pytest.mark.parametrize("form", data.tiny.FORMS)
 def test_reads_both_forms_with_labels_and_shapes(tiny, form):
     dataset = data.open_dataset(tiny[form])
-    assert type(dataset).__name__ == {"tfrecord": "TFRecordImageNet",
-                                      "folders": "FolderImageNet"}[form]
+    assert (
+        type(dataset).__name__
+        == {"tfrecord": "TFRecordImageNet", "folders": "FolderImageNet"}[form]
+    )
     assert dataset.num_classes == NUM_CLASSES
     assert dataset.num_examples("train") == NUM_CLASSES * PER_CLASS
     assert dataset.num_examples("eval") == NUM_CLASSES * EVAL_PER_CLASS
@@ -67,8 +75,9 @@ def test_reads_both_forms_with_labels_and_shapes(tiny, form):
 
     eval_images, eval_labels = _eval_pass(dataset)
     assert eval_images.shape == (NUM_CLASSES * EVAL_PER_CLASS, 16, 16, 3)
-    assert collections.Counter(eval_labels.tolist()) == {c: EVAL_PER_CLASS
-                                                         for c in range(NUM_CLASSES)}
+    assert collections.Counter(eval_labels.tolist()) == {
+        c: EVAL_PER_CLASS for c in range(NUM_CLASSES)
+    }
 
 
 def test_both_forms_agree_image_for_image(tiny):
@@ -86,12 +95,15 @@ def test_both_forms_agree_image_for_image(tiny):
     assert len({round(m, 1) for m in means}) == NUM_CLASSES
 
 
-@pytest.mark.parametrize("form,split,pipelines", [
-    ("tfrecord", "train", 3),       # 4 files over 3 pipelines: whole files
-    ("tfrecord", "eval", 3),        # 2 files over 3 pipelines: record by record
-    ("folders", "train", 3),
-    ("folders", "eval", 2),
-])
+@pytest.mark.parametrize(
+    "form,split,pipelines",
+    [
+        ("tfrecord", "train", 3),  # 4 files over 3 pipelines: whole files
+        ("tfrecord", "eval", 3),  # 2 files over 3 pipelines: record by record
+        ("folders", "train", 3),
+        ("folders", "eval", 2),
+    ],
+)
 def test_shards_are_disjoint_and_complete(tiny, form, split, pipelines):
     dataset = data.open_dataset(tiny[form])
     everything = _raw_keys(dataset.shard(split, 1, 0))
@@ -127,8 +139,9 @@ def test_stream_resumes_exactly_at_a_step(tiny, source):
         np.testing.assert_array_equal(y0.numpy(), y1.numpy())
         np.testing.assert_allclose(x0.numpy(), x1.numpy(), rtol=0, atol=1e-6)
     other_seed = next(iter(dataset.input_fn("train", batch, size, seed=4)(_context(1, 0))))
-    assert not np.array_equal(other_seed[1].numpy(), uninterrupted[0][1].numpy()) or \
-        not np.allclose(other_seed[0].numpy(), uninterrupted[0][0].numpy())
+    assert not np.array_equal(
+        other_seed[1].numpy(), uninterrupted[0][1].numpy()
+    ) or not np.allclose(other_seed[0].numpy(), uninterrupted[0][0].numpy())
 
 
 def test_digits_split_is_fixed_and_complete():
@@ -142,8 +155,10 @@ def test_digits_split_is_fixed_and_complete():
 
 
 def test_preprocessing_shapes_and_centre_crop():
-    from PIL import Image
     import io
+
+    from PIL import Image
+
     picture = np.zeros((40, 80, 3), np.uint8)
     picture[:, 20:60] = 255  # a white centre band exactly the width of the centre crop
     buffer = io.BytesIO()
@@ -151,8 +166,7 @@ def test_preprocessing_shapes_and_centre_crop():
     encoded = tf.constant(buffer.getvalue())
     centre = data.eval_image(encoded, 16).numpy()
     assert centre.shape == (16, 16, 3) and centre.min() > 200  # 35x35 crop inside the band
-    crops = [data.train_image(encoded, 12, tf.constant([s, 0], tf.int64)).numpy()
-             for s in range(4)]
+    crops = [data.train_image(encoded, 12, tf.constant([s, 0], tf.int64)).numpy() for s in range(4)]
     assert all(c.shape == (12, 12, 3) for c in crops)
     assert len({float(c.sum()) for c in crops}) > 1  # different seeds, different crops
 
@@ -202,8 +216,9 @@ def test_error_for_tfrecords_with_other_features(tmp_path):
     path = str(tmp_path / "imagenet2012-train.tfrecord-00000-of-00001")
     with tf.io.TFRecordWriter(path) as writer:
         feature = {"pixels": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0]))}
-        writer.write(tf.train.Example(features=tf.train.Features(feature=feature))
-                     .SerializeToString())
+        writer.write(
+            tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+        )
     with pytest.raises(data.DataError, match="expected features 'image'"):
         data.TFRecordImageNet(str(tmp_path), num_classes=2)
 

@@ -1,4 +1,5 @@
 """Inception Score and FID against direct numpy/scipy computations and known closed forms."""
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -17,8 +18,12 @@ def _closed_form_fid(mu1, s1, mu2, s2):
     w, v = np.linalg.eigh(s1)
     root1 = v @ np.diag(np.sqrt(w)) @ v.T
     inner = np.linalg.eigvalsh(root1 @ s2 @ root1)
-    return float(np.sum((mu1 - mu2) ** 2) + np.trace(s1) + np.trace(s2)
-                 - 2 * np.sum(np.sqrt(np.clip(inner, 0, None))))
+    return float(
+        np.sum((mu1 - mu2) ** 2)
+        + np.trace(s1)
+        + np.trace(s2)
+        - 2 * np.sum(np.sqrt(np.clip(inner, 0, None)))
+    )
 
 
 def test_frechet_distance_matches_the_closed_form_for_gaussians():
@@ -33,7 +38,8 @@ def test_frechet_distance_matches_the_closed_form_for_gaussians():
     d1, d2 = rng.uniform(0.5, 2, dim), rng.uniform(0.5, 2, dim)
     diagonal = np.sum((mu1 - mu2) ** 2) + np.sum((np.sqrt(d1) - np.sqrt(d2)) ** 2)
     assert gan_metrics.frechet_distance(mu1, np.diag(d1), mu2, np.diag(d2)) == pytest.approx(
-        diagonal, rel=1e-8)
+        diagonal, rel=1e-8
+    )
 
 
 def test_fid_from_samples():
@@ -53,8 +59,11 @@ def test_fid_from_samples():
     assert gan_metrics.fid_from_features(x1, x2) == pytest.approx(expected, rel=0.05)
     m1, c1 = x1.mean(0), np.cov(x1.T)
     m2, c2 = x2.mean(0), np.cov(x2.T)
-    direct = (np.sum((m1 - m2) ** 2) + np.trace(c1 + c2)
-              - 2 * np.trace(np.real(scipy.linalg.sqrtm(c1 @ c2))))
+    direct = (
+        np.sum((m1 - m2) ** 2)
+        + np.trace(c1 + c2)
+        - 2 * np.trace(np.real(scipy.linalg.sqrtm(c1 @ c2)))
+    )
     assert gan_metrics.fid_from_features(x1, x2) == pytest.approx(direct, rel=1e-8)
 
 
@@ -86,9 +95,9 @@ def test_inception_score_extremes():
     k = 10
     confident = 100.0 * np.eye(k)[np.arange(1000) % k]  # sure of each class, classes uniform
     assert gan_metrics.inception_score(confident)[0] == pytest.approx(k, rel=1e-6)
-    one_class = 100.0 * np.eye(k)[np.zeros(1000, int)]    # sure, but always the same class
+    one_class = 100.0 * np.eye(k)[np.zeros(1000, int)]  # sure, but always the same class
     assert gan_metrics.inception_score(one_class)[0] == pytest.approx(1.0, rel=1e-6)
-    unsure = np.zeros((1000, k))                           # uniform predictions
+    unsure = np.zeros((1000, k))  # uniform predictions
     assert gan_metrics.inception_score(unsure)[0] == pytest.approx(1.0, rel=1e-9)
     mean, std = gan_metrics.inception_score(confident, splits=10)
     assert mean == pytest.approx(k, rel=1e-6) and std == pytest.approx(0.0, abs=1e-6)
@@ -118,9 +127,12 @@ def test_saved_classifier_round_trip(tmp_path):
     # Other sizes are resized and grey images tiled to the classifier's input.
     features, _ = classifier(np.zeros((2, 8, 8, 1), np.float32))
     assert features.shape == (2, 48)
-    results = gan_metrics.evaluate(classifier, images, labels=np.argmax(expected_logits, 1),
-                                   reference_statistics=gan_metrics.gaussian_statistics(
-                                       expected_features.numpy()))
+    results = gan_metrics.evaluate(
+        classifier,
+        images,
+        labels=np.argmax(expected_logits, 1),
+        reference_statistics=gan_metrics.gaussian_statistics(expected_features.numpy()),
+    )
     assert results["class_accuracy"] == 1.0
     assert results["fid"] == pytest.approx(0.0, abs=1e-3)
     assert 1.0 <= results["inception_score"] <= 5.0

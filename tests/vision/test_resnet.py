@@ -13,8 +13,15 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _tiny(precision="float32", **kwargs):
-    return resnet.ResNet((1, 1), (16, 32), num_classes=5, stem="small", stem_channels=8,
-                         precision=precision, **kwargs)
+    return resnet.ResNet(
+        (1, 1),
+        (16, 32),
+        num_classes=5,
+        stem="small",
+        stem_channels=8,
+        precision=precision,
+        **kwargs,
+    )
 
 
 def test_resnet50_has_the_reference_parameter_count():
@@ -74,13 +81,15 @@ def test_fused_single_replica_batch_norm_matches_cross_replica_maths():
             y_ref = tf.reshape(reference(tf.reshape(x, [-1, 4]), is_training=True), x.shape)
             weights = tf.range(4, dtype=tf.float32) + 1.0
             losses = [tf.reduce_sum(tf.sin(y) * weights) for y in (y_fused, y_ref)]
-        return (y_fused, y_ref, *[tape.gradient(l, x) for l in losses])
+        return (y_fused, y_ref, *[tape.gradient(loss, x) for loss in losses])
 
     y_fused, y_ref, g_fused, g_ref = repl.run(tf.function(step), x)
     np.testing.assert_allclose(y_fused, y_ref, atol=2e-5)
     np.testing.assert_allclose(g_fused, g_ref, atol=2e-5)
-    for a, b in [(fused.moving_mean, reference.moving_mean),
-                 (fused.moving_variance, reference.moving_variance)]:
+    for a, b in [
+        (fused.moving_mean, reference.moving_mean),
+        (fused.moving_variance, reference.moving_variance),
+    ]:
         np.testing.assert_allclose(np.ravel(a.value), np.ravel(b.value), rtol=1e-5)
     # The moving variance is the population (biased) variance of the batch.
     _, variance = tf.nn.moments(x, [0, 1, 2])
@@ -91,8 +100,14 @@ def test_fused_single_replica_batch_norm_matches_cross_replica_maths():
 def test_bfloat16_computes_in_bfloat16_and_keeps_float32_state(spec):
     repl = replication.make(spec)
     config = classification.ClassificationConfig(
-        blocks_per_group=(1, 1), channels_per_group=(16, 32), stem_channels=8,
-        precision="bfloat16", batch_size=8, steps=4, replicas=spec)
+        blocks_per_group=(1, 1),
+        channels_per_group=(16, 32),
+        stem_channels=8,
+        precision="bfloat16",
+        batch_size=8,
+        steps=4,
+        replicas=spec,
+    )
     classifier = classification.Classifier(config, repl, num_classes=5, image_size=8)
     model = classifier.model
     assert model.compute_dtype == tf.bfloat16
@@ -112,8 +127,11 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_state(spec):
         rng = np.random.RandomState(0)
         images = rng.normal(size=(16, 8, 8, 3)).astype(np.float32)
         labels = rng.randint(0, 5, size=16).astype(np.int32)
-        return tf.data.Dataset.from_tensor_slices((images, labels)).repeat().batch(
-            ctx.get_per_replica_batch_size(8))
+        return (
+            tf.data.Dataset.from_tensor_slices((images, labels))
+            .repeat()
+            .batch(ctx.get_per_replica_batch_size(8))
+        )
 
     iterator = iter(repl.distribute(input_fn))
     for _ in range(2):
@@ -127,8 +145,9 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_state(spec):
 
 
 def test_learning_rate_schedule_warmup_cosine_and_step():
-    config = classification.ClassificationConfig(batch_size=512, base_learning_rate=0.1,
-                                                 steps=100, warmup_steps=10)
+    config = classification.ClassificationConfig(
+        batch_size=512, base_learning_rate=0.1, steps=100, warmup_steps=10
+    )
     lr = lambda c, t: float(classification.learning_rate(tf.constant(t), c))  # noqa: E731
     peak = 0.2  # linear scaling: 0.1 * 512 / 256
     assert lr(config, 0) == pytest.approx(peak / 10)
@@ -136,18 +155,21 @@ def test_learning_rate_schedule_warmup_cosine_and_step():
     assert lr(config, 10) == pytest.approx(peak)
     assert lr(config, 55) == pytest.approx(peak / 2, rel=1e-5)  # half-way through the cosine
     assert lr(config, 100) == pytest.approx(0.0, abs=1e-7)
-    step = classification.ClassificationConfig(batch_size=256, steps=90, warmup_steps=0,
-                                               schedule="step")
+    step = classification.ClassificationConfig(
+        batch_size=256, steps=90, warmup_steps=0, schedule="step"
+    )
     assert [lr(step, t) for t in (0, 29, 30, 60, 80, 89)] == pytest.approx(
-        [0.1, 0.1, 0.01, 0.001, 0.0001, 0.0001])
+        [0.1, 0.1, 0.01, 0.001, 0.0001, 0.0001]
+    )
 
 
 def test_config_errors_name_the_field():
     with pytest.raises(classification.ConfigError, match="precision"):
         classification.ClassificationConfig(precision="float16").validate()
     with pytest.raises(classification.ConfigError, match="one entry per group"):
-        classification.ClassificationConfig(blocks_per_group=(1,), channels_per_group=(8, 16)
-                                             ).validate()
+        classification.ClassificationConfig(
+            blocks_per_group=(1,), channels_per_group=(8, 16)
+        ).validate()
     with pytest.raises(classification.ConfigError, match="schedule"):
         classification.ClassificationConfig(schedule="linear").validate()
 
@@ -155,7 +177,8 @@ def test_config_errors_name_the_field():
 def test_checkpoint_round_trip_restores_everything(tmp_path):
     repl = replication.make("cpu")
     config = classification.ClassificationConfig(
-        blocks_per_group=(1,), channels_per_group=(8,), stem_channels=4, batch_size=4)
+        blocks_per_group=(1,), channels_per_group=(8,), stem_channels=4, batch_size=4
+    )
     a = classification.Classifier(config, repl, num_classes=3, image_size=4)
 
     def input_fn(ctx):

@@ -13,9 +13,28 @@ from vision import resnet_cli, training_common
 
 pytestmark = pytest.mark.timeout(600)
 
-SMALL = ["--data", "digits", "--replicas", "cpu:2", "--image-size", "8", "--blocks", "1",
-         "--channels", "16", "--stem-channels", "8", "--batch-size", "16", "--lr", "0.4",
-         "--log-every", "2", "--checkpoint-every", "4"]
+SMALL = [
+    "--data",
+    "digits",
+    "--replicas",
+    "cpu:2",
+    "--image-size",
+    "8",
+    "--blocks",
+    "1",
+    "--channels",
+    "16",
+    "--stem-channels",
+    "8",
+    "--batch-size",
+    "16",
+    "--lr",
+    "0.4",
+    "--log-every",
+    "2",
+    "--checkpoint-every",
+    "4",
+]
 
 
 def _cli(*args: str) -> int:
@@ -24,13 +43,19 @@ def _cli(*args: str) -> int:
 
 def _checkpoint(run_dir, step: int) -> dict[str, np.ndarray]:
     reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints", f"ckpt-{step}"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter"))}
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if not name.startswith(("_CHECKPOINTABLE_OBJECT_GRAPH", "save_counter"))
+    }
 
 
 def _train_losses(run_dir) -> dict[int, float]:
-    return {row["step"]: row["value"] for row in training_common.read_metrics(run_dir)
-            if row["name"] == "train/loss"}
+    return {
+        row["step"]: row["value"]
+        for row in training_common.read_metrics(run_dir)
+        if row["name"] == "train/loss"
+    }
 
 
 def test_stopped_run_resumes_exactly_like_an_uninterrupted_one(tmp_path, capsys):
@@ -39,8 +64,12 @@ def test_stopped_run_resumes_exactly_like_an_uninterrupted_one(tmp_path, capsys)
     assert _cli(*SMALL, "--steps", "12", "--run-dir", interrupted, "--stop-at", "6") == 0
     assert "Stopped at step 6 of 12" in capsys.readouterr().out
     assert sorted(os.listdir(os.path.join(interrupted, "checkpoints"))) == [
-        "checkpoint", "ckpt-4.data-00000-of-00001", "ckpt-4.index",
-        "ckpt-6.data-00000-of-00001", "ckpt-6.index"]
+        "checkpoint",
+        "ckpt-4.data-00000-of-00001",
+        "ckpt-4.index",
+        "ckpt-6.data-00000-of-00001",
+        "ckpt-6.index",
+    ]
     config_before = open(os.path.join(interrupted, "config.json")).read()
 
     assert _cli("--run-dir", interrupted) == 0  # every setting comes from the run directory
@@ -57,8 +86,9 @@ def test_stopped_run_resumes_exactly_like_an_uninterrupted_one(tmp_path, capsys)
     # ... because the resumed run read the same examples at the same steps.
     losses_a, losses_b = _train_losses(straight), _train_losses(interrupted)
     assert sorted(losses_b) == [2, 4, 6, 8, 10, 12]
-    np.testing.assert_allclose([losses_b[s] for s in (8, 10, 12)],
-                               [losses_a[s] for s in (8, 10, 12)], rtol=1e-6)
+    np.testing.assert_allclose(
+        [losses_b[s] for s in (8, 10, 12)], [losses_a[s] for s in (8, 10, 12)], rtol=1e-6
+    )
 
     # The run directory holds what a user looks for.
     config = json.load(open(os.path.join(straight, "config.json")))
@@ -86,12 +116,15 @@ def _error(capsys, *args: str) -> str:
 def test_usage_errors_exit_2_and_write_nothing(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
     small = [*SMALL, "--steps", "2"]  # if an error were missed, fail fast
-    assert "does not exist" in _error(capsys, *small, "--data", str(tmp_path / "no"),
-                                      "--run-dir", run_dir)
+    assert "does not exist" in _error(
+        capsys, *small, "--data", str(tmp_path / "no"), "--run-dir", run_dir
+    )
     assert "not divisible by the 2 replicas" in _error(
-        capsys, *small, "--batch-size", "15", "--run-dir", run_dir)
-    assert "at least 4x4" in _error(capsys, *small, "--stem", "imagenet", "--image-size", "3",
-                                    "--run-dir", run_dir)
+        capsys, *small, "--batch-size", "15", "--run-dir", run_dir
+    )
+    assert "at least 4x4" in _error(
+        capsys, *small, "--stem", "imagenet", "--image-size", "3", "--run-dir", run_dir
+    )
     assert "cpu:x" in _error(capsys, *small, "--replicas", "cpu:x", "--run-dir", run_dir)
     assert "at least 1" in _error(capsys, *small, "--steps", "0", "--run-dir", run_dir)
     assert not os.path.exists(run_dir)
@@ -104,15 +137,18 @@ def test_existing_directories_are_never_overwritten(tmp_path, capsys):
     stranger = tmp_path / "not_a_run"
     stranger.mkdir()
     (stranger / "notes.txt").write_text("precious")
-    assert "not a run directory" in _error(capsys, *SMALL, "--steps", "2",
-                                           "--run-dir", str(stranger))
+    assert "not a run directory" in _error(
+        capsys, *SMALL, "--steps", "2", "--run-dir", str(stranger)
+    )
     assert os.listdir(stranger) == ["notes.txt"]
 
     run_dir = str(tmp_path / "run")
     assert _cli(*SMALL, "--steps", "2", "--run-dir", run_dir) == 0
     capsys.readouterr()
-    before = {name: open(os.path.join(run_dir, name), "rb").read()
-              for name in ("config.json", "metrics.csv")}
+    before = {
+        name: open(os.path.join(run_dir, name), "rb").read()
+        for name in ("config.json", "metrics.csv")
+    }
     error = _error(capsys, *SMALL, "--steps", "4", "--lr", "0.1", "--run-dir", run_dir)
     assert "base_learning_rate: 0.4 in the run, 0.1 now" in error
     for name, content in before.items():
@@ -121,8 +157,17 @@ def test_existing_directories_are_never_overwritten(tmp_path, capsys):
 
 def test_replicator_console_script_registers_resnet50(tmp_path, capsys):
     from launch import cli  # the `replicator` entry point
-    code = cli.main(["train", "resnet50", "--data", str(tmp_path / "missing"),
-                     "--run-dir", str(tmp_path / "run")])
+
+    code = cli.main(
+        [
+            "train",
+            "resnet50",
+            "--data",
+            str(tmp_path / "missing"),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code == 2 and "does not exist" in capsys.readouterr().err
 
 
@@ -135,14 +180,31 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path):
     from tests.support import REPO_ROOT, python_env
 
     run_dir = str(tmp_path / "run")
-    command = [sys.executable, "-m", "vision.resnet_cli", "train", "resnet50", *SMALL,
-               "--replicas", "cpu", "--steps", "100000", "--run-dir", run_dir]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=python_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "vision.resnet_cli",
+        "train",
+        "resnet50",
+        *SMALL,
+        "--replicas",
+        "cpu",
+        "--steps",
+        "100000",
+        "--run-dir",
+        run_dir,
+    ]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 300
-        while not (os.path.exists(os.path.join(run_dir, "metrics.csv"))
-                   and _train_losses(run_dir)):
+        while not (os.path.exists(os.path.join(run_dir, "metrics.csv")) and _train_losses(run_dir)):
             assert process.poll() is None and time.time() < deadline, process.communicate()
             time.sleep(0.5)
         process.send_signal(signal.SIGTERM)
@@ -160,10 +222,36 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path):
 @pytest.mark.parametrize("form", ["tfrecord", "folders"])
 def test_trains_on_both_imagenet_forms(tmp_path, capsys, form):
     from vision import data
-    root = data.write_tiny_imagenet(str(tmp_path / "data"), form=form, num_classes=3,
-                                    images_per_class=4, size=20)
-    assert _cli("--data", root, "--replicas", "cpu:2", "--image-size", "16", "--stem", "small",
-                "--blocks", "1", "--channels", "8", "--stem-channels", "4", "--batch-size", "4",
-                "--steps", "3", "--log-every", "1", "--run-dir", str(tmp_path / "run")) == 0
+
+    root = data.write_tiny_imagenet(
+        str(tmp_path / "data"), form=form, num_classes=3, images_per_class=4, size=20
+    )
+    assert (
+        _cli(
+            "--data",
+            root,
+            "--replicas",
+            "cpu:2",
+            "--image-size",
+            "16",
+            "--stem",
+            "small",
+            "--blocks",
+            "1",
+            "--channels",
+            "8",
+            "--stem-channels",
+            "4",
+            "--batch-size",
+            "4",
+            "--steps",
+            "3",
+            "--log-every",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "step 3/3" in out and "eval at step 3" in out and "(3 images)" in out

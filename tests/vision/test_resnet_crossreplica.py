@@ -13,7 +13,7 @@ from tests.support import run_python
 
 STEPS, PER_REPLICA = 3, 4
 
-SCRIPT = r'''
+SCRIPT = r"""
 import sys
 import numpy as np
 import replication
@@ -62,7 +62,7 @@ for index, v in enumerate(model.variables):
         np.testing.assert_allclose(other, copies[0], rtol=1e-6, atol=1e-6, err_msg=v.name)
     results[f"var{index:03d}:{v.name}"] = copies[0]
 np.savez(out, **results)
-'''
+"""
 
 
 @pytest.mark.timeout(600)

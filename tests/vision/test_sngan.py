@@ -1,5 +1,6 @@
 """SN-GAN building blocks on one device: shapes, spectral and conditional normalisation, losses,
 EMA, and the resumable data stream."""
+
 import os
 
 import numpy as np
@@ -12,8 +13,7 @@ from vision import gan_data, gan_layers, sngan, sngan_learner
 
 @pytest.mark.parametrize("size", [8, 16, 32])
 def test_networks_map_latents_to_images_to_scores(size):
-    g = sngan.Generator(num_classes=3, image_size=size, channels=3, base_channels=4,
-                        latent_dim=8)
+    g = sngan.Generator(num_classes=3, image_size=size, channels=3, base_channels=4, latent_dim=8)
     d = sngan.Discriminator(num_classes=3, image_size=size, base_channels=4)
     labels = tf.constant([0, 1, 2, 1])
     images = g(tf.random.normal([4, 8]), labels, is_training=True)
@@ -67,7 +67,9 @@ def test_conditional_batch_norm_applies_the_scale_and_offset_of_each_class():
     mean = x.numpy().mean(axis=(0, 1, 2))
     var = x.numpy().var(axis=(0, 1, 2))
     normalised = (x.numpy() - mean) / np.sqrt(var + 1e-4)
-    expected = gamma[labels.numpy()][:, None, None] * normalised + beta[labels.numpy()][:, None, None]
+    expected = (
+        gamma[labels.numpy()][:, None, None] * normalised + beta[labels.numpy()][:, None, None]
+    )
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 

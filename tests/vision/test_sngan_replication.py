@@ -4,6 +4,7 @@ Each spec runs in a fresh interpreter (logical CPU devices are fixed when Tensor
 and saves every learner variable with np.savez: D/G weights, conditional batch-norm parameters
 and moving statistics, spectral-norm u vectors, EMA generator, Adam moments, step counters.
 """
+
 import subprocess
 import sys
 
@@ -54,10 +55,16 @@ def _train_all(tmp_path, runs):
     outs, procs = [], []
     for spec, global_batch in runs:
         outs.append(str(tmp_path / f"{spec.replace(':', '_')}.npz"))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-c", _TRAIN, spec, str(global_batch), str(STEPS), outs[-1]],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=support.python_env(), cwd=support.REPO_ROOT))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _TRAIN, spec, str(global_batch), str(STEPS), outs[-1]],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=support.python_env(),
+                cwd=support.REPO_ROOT,
+            )
+        )
     results = []
     for (spec, _), proc, out in zip(runs, procs, outs):
         try:
@@ -74,14 +81,24 @@ def _train_all(tmp_path, runs):
 @pytest.mark.timeout(900)
 def test_two_replicas_match_one_replica_with_twice_the_batch(tmp_path):
     # The same global batch 2B: one replica, or two replicas of B each.
-    one, two = _train_all(tmp_path, [("cpu", 2 * PER_REPLICA_BATCH),
-                                     ("cpu:2", 2 * PER_REPLICA_BATCH)])
+    one, two = _train_all(
+        tmp_path, [("cpu", 2 * PER_REPLICA_BATCH), ("cpu:2", 2 * PER_REPLICA_BATCH)]
+    )
     assert int(one["num_replicas"]) == 1 and int(two["num_replicas"]) == 2
     names = list(one["names"])
     assert names == list(two["names"])
     # What the comparison must cover.
-    for part in ("discriminator", "generator/", "generator_ema", "/u:0", "/sigma:0",
-                 "moving_mean", "moving_variance", "gamma", "beta"):
+    for part in (
+        "discriminator",
+        "generator/",
+        "generator_ema",
+        "/u:0",
+        "/sigma:0",
+        "moving_mean",
+        "moving_variance",
+        "gamma",
+        "beta",
+    ):
         assert any(part in n for n in names), part
     positions = list(one["initial_position"])
     assert positions == list(two["initial_position"])
@@ -89,8 +106,10 @@ def test_two_replicas_match_one_replica_with_twice_the_batch(tmp_path):
         np.testing.assert_array_equal(one[f"initial_{i}"], two[f"initial_{i}"], err_msg=names[p])
     np.testing.assert_allclose(one["losses"], two["losses"], rtol=1e-5, atol=1e-5)
     for i, name in enumerate(names):
-        np.testing.assert_allclose(one[f"final_{i}"], two[f"final_{i}"], rtol=1e-5, atol=1e-5,
-                                   err_msg=name)
-    changed = sum(not np.array_equal(one[f"final_{p}"], one[f"initial_{i}"])
-                  for i, p in enumerate(positions))
+        np.testing.assert_allclose(
+            one[f"final_{i}"], two[f"final_{i}"], rtol=1e-5, atol=1e-5, err_msg=name
+        )
+    changed = sum(
+        not np.array_equal(one[f"final_{p}"], one[f"initial_{i}"]) for i, p in enumerate(positions)
+    )
     assert changed > len(positions) // 2  # the steps did train

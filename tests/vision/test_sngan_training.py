@@ -1,4 +1,5 @@
 """`replicator train sngan` end to end: learning on digits, exact resume, clear errors."""
+
 import hashlib
 import os
 import shutil
@@ -30,6 +31,7 @@ def classifier_dir(tmp_path_factory):
 
 def test_digits_classifier_checkpoint_is_accurate(classifier_dir):
     from vision import gan_data  # pylint: disable=import-outside-toplevel
+
     images, labels = gan_data.load_digits(16, "eval").arrays()
     _, logits = gan_metrics.Classifier(classifier_dir)(images)
     assert np.mean(np.argmax(logits, 1) == labels) >= 0.97
@@ -40,10 +42,37 @@ def test_digits_classifier_checkpoint_is_accurate(classifier_dir):
 def test_sngan_learns_class_conditional_digits(tmp_path, classifier_dir):
     run = str(tmp_path / "run")
     steps = 700
-    assert _cli("--data", "digits", "--replicas", "cpu", "--run-dir", run, "--steps", str(steps),
-                "--batch-size", "32", "--disc-steps", "1", "--g-lr", "1e-3", "--d-lr", "2e-3",
-                "--seed", "0", "--classifier", classifier_dir, "--eval-every", "0",
-                "--log-every", "100", "--checkpoint-every", str(steps)) == 0
+    assert (
+        _cli(
+            "--data",
+            "digits",
+            "--replicas",
+            "cpu",
+            "--run-dir",
+            run,
+            "--steps",
+            str(steps),
+            "--batch-size",
+            "32",
+            "--disc-steps",
+            "1",
+            "--g-lr",
+            "1e-3",
+            "--d-lr",
+            "2e-3",
+            "--seed",
+            "0",
+            "--classifier",
+            classifier_dir,
+            "--eval-every",
+            "0",
+            "--log-every",
+            "100",
+            "--checkpoint-every",
+            str(steps),
+        )
+        == 0
+    )
     values = {(r["step"], r["name"]): r["value"] for r in training_common.read_metrics(run)}
     # The classifier labels EMA samples as their conditioning class, and FID falls.
     assert values[(steps, "eval/class_accuracy")] >= 0.8
@@ -60,15 +89,37 @@ def test_sngan_learns_class_conditional_digits(tmp_path, classifier_dir):
     assert os.path.exists(os.path.join(run, "samples", f"step_{steps:07d}.png"))
 
 
-_TINY = ["--image-size", "8", "--g-channels", "4", "--d-channels", "4", "--latent-dim", "8",
-         "--batch-size", "8", "--disc-steps", "2", "--ema-start", "1", "--log-every", "1",
-         "--eval-every", "0", "--checkpoint-every", "100"]
+_TINY = [
+    "--image-size",
+    "8",
+    "--g-channels",
+    "4",
+    "--d-channels",
+    "4",
+    "--latent-dim",
+    "8",
+    "--batch-size",
+    "8",
+    "--disc-steps",
+    "2",
+    "--ema-start",
+    "1",
+    "--log-every",
+    "1",
+    "--eval-every",
+    "0",
+    "--checkpoint-every",
+    "100",
+]
 
 
 def _checkpoint_values(run, step):
     reader = tf.train.load_checkpoint(os.path.join(run, "checkpoints", f"ckpt-{step}"))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.startswith("save_counter")}
+    return {
+        name: reader.get_tensor(name)
+        for name in reader.get_variable_to_shape_map()
+        if not name.startswith("save_counter")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +154,9 @@ def _digest(directory):
     for root, _, files in os.walk(directory):
         for name in files:
             with open(os.path.join(root, name), "rb") as f:
-                digest[os.path.relpath(os.path.join(root, name), directory)] = (
-                    hashlib.sha256(f.read()).hexdigest())
+                digest[os.path.relpath(os.path.join(root, name), directory)] = hashlib.sha256(
+                    f.read()
+                ).hexdigest()
     return digest
 
 
@@ -129,9 +181,11 @@ def test_bad_requests_exit_2_and_touch_nothing(tmp_path, tiny_runs, capsys):
     run = str(tmp_path / "run")
     shutil.copytree(tiny_runs[0], run)
     before = _digest(run)
-    for args, message in [(["--batch-size", "16"], "different config"),
-                          (["--data", str(tmp_path / "missing")], "does not exist"),
-                          (["--image-size", "12"], "power of two")]:
+    for args, message in [
+        (["--batch-size", "16"], "different config"),
+        (["--data", str(tmp_path / "missing")], "does not exist"),
+        (["--image-size", "12"], "power of two"),
+    ]:
         assert _cli("--run-dir", run, *args) == 2, args
         assert message in capsys.readouterr().err, args
         assert _digest(run) == before, args
@@ -148,10 +202,27 @@ def test_batch_not_divisible_by_replicas(tmp_path):
     # A fresh interpreter: logical CPU devices are fixed when TensorFlow starts.
     run = str(tmp_path / "run")
     result = subprocess.run(
-        [sys.executable, "-m", "vision.sngan_cli", "train", "sngan", "--replicas", "cpu:2",
-         "--batch-size", "7", "--image-size", "8", "--run-dir", run],
-        capture_output=True, text=True, timeout=300, env=support.python_env(),
-        cwd=support.REPO_ROOT)
+        [
+            sys.executable,
+            "-m",
+            "vision.sngan_cli",
+            "train",
+            "sngan",
+            "--replicas",
+            "cpu:2",
+            "--batch-size",
+            "7",
+            "--image-size",
+            "8",
+            "--run-dir",
+            run,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=support.python_env(),
+        cwd=support.REPO_ROOT,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "not divisible" in result.stderr
     assert not os.path.exists(run)

@@ -1,29 +1,34 @@
 """Image-classification data: ImageNet on disk (tfds TFRecords or class folders), digits.
 
-    dataset = vision.data.open_dataset("/data/imagenet")        # or "digits"
-    train = repl.distribute(dataset.input_fn("train", global_batch_size=256, image_size=224))
+dataset = vision.data.open_dataset("/data/imagenet")        # or "digits"
+train = repl.distribute(dataset.input_fn("train", global_batch_size=256, image_size=224))
 """
 
 from vision.data.digits import Digits, load_digits_arrays
 from vision.data.imagenet import FolderImageNet, TFRecordImageNet
 from vision.data.pipeline import EVAL, SPLITS, TRAIN, DataError, ImageDataset, Shard
-from vision.data.preprocessing import (IMAGENET_MEAN, IMAGENET_STD, eval_image, normalize,
-                                       train_image)
+from vision.data.preprocessing import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    eval_image,
+    normalize,
+    train_image,
+)
 from vision.data.sources import open_dataset
 from vision.data.tiny import write_tiny_imagenet
 
 __all__ = [
-    "DataError",
-    "Digits",
     "EVAL",
-    "FolderImageNet",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
-    "ImageDataset",
     "SPLITS",
+    "TRAIN",
+    "DataError",
+    "Digits",
+    "FolderImageNet",
+    "ImageDataset",
     "Shard",
     "TFRecordImageNet",
-    "TRAIN",
     "eval_image",
     "load_digits_arrays",
     "normalize",

@@ -32,8 +32,9 @@ def load_digits_arrays() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     data = load_digits()
     images = (data.images[..., None] * (255.0 / 16.0)).astype(np.float32)
     labels = data.target.astype(np.int64)
-    train, test = train_test_split(np.arange(len(labels)), test_size=TEST_FRACTION,
-                                   random_state=SPLIT_SEED, stratify=labels)
+    train, test = train_test_split(
+        np.arange(len(labels)), test_size=TEST_FRACTION, random_state=SPLIT_SEED, stratify=labels
+    )
     return {TRAIN: (images[train], labels[train]), EVAL: (images[test], labels[test])}
 
 
@@ -57,8 +58,9 @@ class Digits(ImageDataset):
         images, labels = self._arrays[split]
         images, labels = images[index::num_shards], labels[index::num_shards]
         if not len(labels):
-            raise DataError(f"Digits shard {index} of {num_shards} is empty: use fewer "
-                            "input pipelines.")
+            raise DataError(
+                f"Digits shard {index} of {num_shards} is empty: use fewer input pipelines."
+            )
 
         def records(seed):
             dataset = tf.data.Dataset.from_tensor_slices((images, labels))
@@ -66,7 +68,8 @@ class Digits(ImageDataset):
                 return dataset
             order = tf.random.experimental.stateless_shuffle(tf.range(len(labels)), seed)
             return tf.data.Dataset.from_tensor_slices(order).map(
-                lambda i: (tf.gather(images, i), tf.gather(labels, i)))
+                lambda i: (tf.gather(images, i), tf.gather(labels, i))
+            )
 
         return Shard(records, lambda: len(labels))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -34,7 +34,8 @@ from vision.data.pipeline import EVAL, TRAIN, DataError, ImageDataset, Shard
 
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
 _SHARD_PATTERN = re.compile(
-    r"^(?P<name>.+)-(?P<split>train|validation)\.tfrecord-(?P<index>\d{5})-of-(?P<total>\d{5})$")
+    r"^(?P<name>.+)-(?P<split>train|validation)\.tfrecord-(?P<index>\d{5})-of-(?P<total>\d{5})$"
+)
 _TFDS_SPLITS = {TRAIN: "train", EVAL: "validation"}
 _FEATURES = {
     "image": tf.io.FixedLenFeature([], tf.string),
@@ -43,7 +44,8 @@ _FEATURES = {
 _LAYOUT_HELP = (
     "Expected either tfds TFRecords (files like imagenet2012-train.tfrecord-00000-of-01024 "
     "anywhere under the directory) or one folder per class (DIR/train/<class>/*.JPEG and "
-    "DIR/val/<class>/*.JPEG). `vision.data.write_tiny_imagenet` writes a small example of each.")
+    "DIR/val/<class>/*.JPEG). `vision.data.write_tiny_imagenet` writes a small example of each."
+)
 
 
 class _ImageNetBase(ImageDataset):
@@ -73,18 +75,27 @@ class TFRecordImageNet(_ImageNetBase):
         directories, unreadable records, or an unknown class count.
     """
 
-    def __init__(self, directory: str, num_classes: int | None = None,
-                 shuffle_buffer: int = 10_000, cycle_length: int = 16):
+    def __init__(
+        self,
+        directory: str,
+        num_classes: int | None = None,
+        shuffle_buffer: int = 10_000,
+        cycle_length: int = 16,
+    ):
         self.directory = _find_shard_directory(directory)
         self._shuffle_buffer = shuffle_buffer
         self._cycle_length = cycle_length
-        self._files = {split: _split_files(self.directory, tfds_split)
-                       for split, tfds_split in _TFDS_SPLITS.items()}
+        self._files = {
+            split: _split_files(self.directory, tfds_split)
+            for split, tfds_split in _TFDS_SPLITS.items()
+        }
         if not self._files[TRAIN] and not self._files[EVAL]:
             raise DataError(f"No TFRecord shards in {self.directory}. {_LAYOUT_HELP}")
         info = _read_dataset_info(self.directory)
-        self._lengths = {split: _shard_lengths(info, tfds_split, len(self._files[split]))
-                         for split, tfds_split in _TFDS_SPLITS.items()}
+        self._lengths = {
+            split: _shard_lengths(info, tfds_split, len(self._files[split]))
+            for split, tfds_split in _TFDS_SPLITS.items()
+        }
         self.num_classes = num_classes or _num_classes(self.directory, info)
         self.name = f"tfrecord:{self.directory}"
         for split in (TRAIN, EVAL):
@@ -101,7 +112,8 @@ class TFRecordImageNet(_ImageNetBase):
             raise DataError(
                 f"No {_TFDS_SPLITS[split]} shards in {self.directory} (files like "
                 f"*-{_TFDS_SPLITS[split]}.tfrecord-00000-of-NNNNN); add them or skip "
-                f"{'training' if split == TRAIN else 'evaluation'}.")
+                f"{'training' if split == TRAIN else 'evaluation'}."
+            )
         lengths = self._lengths[split]
         by_file = len(files) >= num_shards
         mine = files[index::num_shards] if by_file else files
@@ -113,7 +125,10 @@ class TFRecordImageNet(_ImageNetBase):
                 names = tf.random.experimental.stateless_shuffle(names, seed)
             dataset = tf.data.Dataset.from_tensor_slices(names).interleave(
                 lambda name: tf.data.TFRecordDataset(name, buffer_size=8 << 20),
-                cycle_length=cycle, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                cycle_length=cycle,
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
             if not by_file:
                 dataset = dataset.shard(num_shards, index)
             if seed is not None:
@@ -124,8 +139,11 @@ class TFRecordImageNet(_ImageNetBase):
             if lengths is not None:
                 total = sum(lengths[index::num_shards]) if by_file else sum(lengths)
             else:  # no dataset_info.json: count (reads the shard's records once)
-                total = int(tf.data.TFRecordDataset(mine).reduce(
-                    tf.constant(0, tf.int64), lambda n, _: n + 1))
+                total = int(
+                    tf.data.TFRecordDataset(mine).reduce(
+                        tf.constant(0, tf.int64), lambda n, _: n + 1
+                    )
+                )
             return total if by_file else len(range(index, total, num_shards))
 
         return Shard(records, size)
@@ -146,7 +164,8 @@ class TFRecordImageNet(_ImageNetBase):
         if not 0 <= int(label) < self.num_classes:
             raise DataError(
                 f"{path}: label {int(label)} is outside [0, {self.num_classes}); pass the "
-                "right number of classes (--num-classes).")
+                "right number of classes (--num-classes)."
+            )
 
 
 class FolderImageNet(_ImageNetBase):
@@ -173,8 +192,10 @@ class FolderImageNet(_ImageNetBase):
         self.name = f"folders:{directory}"
         self._examples = {TRAIN: _list_images(train_dir, self.classes), EVAL: []}
         if not self._examples[TRAIN]:
-            raise DataError(f"The class folders of {train_dir} hold no images "
-                            f"({', '.join(IMAGE_EXTENSIONS)}). {_LAYOUT_HELP}")
+            raise DataError(
+                f"The class folders of {train_dir} hold no images "
+                f"({', '.join(IMAGE_EXTENSIONS)}). {_LAYOUT_HELP}"
+            )
         for name in ("val", "validation"):
             eval_dir = os.path.join(directory, name)
             if os.path.isdir(eval_dir):
@@ -186,12 +207,16 @@ class FolderImageNet(_ImageNetBase):
 
     def shard(self, split: str, num_shards: int, index: int) -> Shard:
         if not self._examples[split]:
-            raise DataError(f"No evaluation images in {self.directory}: add val/<class>/*.JPEG "
-                            "(or validation/<class>/...), or skip evaluation.")
+            raise DataError(
+                f"No evaluation images in {self.directory}: add val/<class>/*.JPEG "
+                "(or validation/<class>/...), or skip evaluation."
+            )
         examples = self._examples[split][index::num_shards]
         if not examples:
-            raise DataError(f"Shard {index} of {num_shards} of {split} is empty: the data has "
-                            "fewer images than input pipelines.")
+            raise DataError(
+                f"Shard {index} of {num_shards} of {split} is empty: the data has "
+                "fewer images than input pipelines."
+            )
 
         def records(seed):
             paths = tf.constant([path for path, _ in examples])
@@ -200,8 +225,11 @@ class FolderImageNet(_ImageNetBase):
                 order = tf.random.experimental.stateless_shuffle(tf.range(len(examples)), seed)
                 paths, labels = tf.gather(paths, order), tf.gather(labels, order)
             dataset = tf.data.Dataset.from_tensor_slices((paths, labels))
-            return dataset.map(lambda path, label: (tf.io.read_file(path), label),
-                               num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            return dataset.map(
+                lambda path, label: (tf.io.read_file(path), label),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
 
         return Shard(records, lambda: len(examples))
 
@@ -213,9 +241,9 @@ def _window_shuffle(dataset: tf.data.Dataset, window: int, seed: tf.Tensor) -> t
     seed (and which refuses a tensor seed once one is set), the order here is
     fixed by `seed` alone: element i gets the random key U(fold_in(seed, i)).
     """
+
     def keyed(index, record):
-        key = tf.random.stateless_uniform(
-            [], tf.random.experimental.stateless_fold_in(seed, index))
+        key = tf.random.stateless_uniform([], tf.random.experimental.stateless_fold_in(seed, index))
         return key, record
 
     def sort(keys, records):
@@ -244,8 +272,10 @@ def _find_shard_directory(directory: str) -> str:
     if not found:
         raise DataError(f"No TFRecord shards under {directory}. {_LAYOUT_HELP}")
     if len(found) > 1:
-        raise DataError(f"Several directories under {directory} hold TFRecord shards "
-                        f"({', '.join(found)}); pass the one to use.")
+        raise DataError(
+            f"Several directories under {directory} hold TFRecord shards "
+            f"({', '.join(found)}); pass the one to use."
+        )
     return found[0]
 
 
@@ -264,7 +294,8 @@ def _split_files(directory: str, tfds_split: str) -> list[str]:
         raise DataError(
             f"The {tfds_split} shards in {directory} are incomplete or mixed: found "
             f"{len(shards)} of {expected} (missing indices {missing[:10]}). Re-copy the "
-            "dataset or remove the stray files.")
+            "dataset or remove the stray files."
+        )
     return [shards[i][1] for i in range(expected)]
 
 
@@ -298,8 +329,10 @@ def _num_classes(directory: str, info: dict) -> int:
     found = _find_key(info, "numClasses")
     if found is not None:
         return int(found)
-    raise DataError(f"Cannot tell the number of classes of {directory} (no label.labels.txt "
-                    "or dataset_info.json); pass --num-classes.")
+    raise DataError(
+        f"Cannot tell the number of classes of {directory} (no label.labels.txt "
+        "or dataset_info.json); pass --num-classes."
+    )
 
 
 def _find_key(tree, key: str):
@@ -324,7 +357,8 @@ def _list_images(split_dir: str, classes: Sequence[str]) -> list[tuple[str, int]
     if unknown:
         raise DataError(
             f"{split_dir} has classes that train/ does not ({', '.join(unknown[:5])}); "
-            "evaluation labels follow the sorted train/ class folders.")
+            "evaluation labels follow the sorted train/ class folders."
+        )
     examples = []
     for label, name in enumerate(classes):
         class_dir = os.path.join(split_dir, name)

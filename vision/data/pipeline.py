@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import tensorflow as tf
 
@@ -36,7 +36,7 @@ TRAIN = "train"
 EVAL = "eval"
 SPLITS = (TRAIN, EVAL)
 
-_MAX_EPOCHS = 2 ** 40
+_MAX_EPOCHS = 2**40
 
 
 class DataError(ValueError):
@@ -54,6 +54,7 @@ class Shard:
       size: `size()` counts the shard's examples (may be slow for TFRecords
         without a tfds `dataset_info.json`; only needed to resume mid-run).
     """
+
     records: Callable[[tf.Tensor | None], tf.data.Dataset]
     size: Callable[[], int]
 
@@ -76,17 +77,25 @@ class ImageDataset(abc.ABC):
         """The raw examples of shard `index` of `num_shards` of `split`."""
 
     @abc.abstractmethod
-    def preprocess(self, raw: tf.Tensor, training: bool, image_size: int,
-                   seed: tf.Tensor | None) -> tf.Tensor:
+    def preprocess(
+        self, raw: tf.Tensor, training: bool, image_size: int, seed: tf.Tensor | None
+    ) -> tf.Tensor:
         """One raw example to a normalised float32 [image_size, image_size, 3] image."""
 
     def num_examples(self, split: str) -> int | None:
         """Examples in `split`, or None if unknown without reading the data."""
         return None
 
-    def input_fn(self, split: str, global_batch_size: int, image_size: int, *,
-                 training: bool | None = None, seed: int = 0, start_step: int = 0
-                 ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
+    def input_fn(
+        self,
+        split: str,
+        global_batch_size: int,
+        image_size: int,
+        *,
+        training: bool | None = None,
+        seed: int = 0,
+        start_step: int = 0,
+    ) -> Callable[[tf.distribute.InputContext], tf.data.Dataset]:
         """Returns `input_fn(ctx)` for `Replicator.distribute`.
 
         Args:
@@ -110,7 +119,8 @@ class ImageDataset(abc.ABC):
             if training:
                 per_pipeline = global_batch_size // pipelines
                 dataset = self._training_stream(
-                    shard, image_size, seed, pipeline_id, start_step * per_pipeline)
+                    shard, image_size, seed, pipeline_id, start_step * per_pipeline
+                )
             else:
                 dataset = self._evaluation_stream(shard, image_size)
             dataset = dataset.batch(per_replica, drop_remainder=True)
@@ -118,8 +128,9 @@ class ImageDataset(abc.ABC):
 
         return input_fn
 
-    def _training_stream(self, shard: Shard, image_size: int, seed: int, pipeline_id: int,
-                         position: int) -> tf.data.Dataset:
+    def _training_stream(
+        self, shard: Shard, image_size: int, seed: int, pipeline_id: int, position: int
+    ) -> tf.data.Dataset:
         start_epoch, offset = divmod(position, shard.size()) if position else (0, 0)
         base_seed = tf.constant([seed, 0], tf.int64)
 
@@ -128,15 +139,18 @@ class ImageDataset(abc.ABC):
             # after shuffling files need all pipelines to agree on the file order.
             order_seed = tf.random.experimental.stateless_fold_in(base_seed, index)
             augment_seed = tf.random.experimental.stateless_fold_in(
-                tf.random.experimental.stateless_fold_in(order_seed, pipeline_id + 1), index)
+                tf.random.experimental.stateless_fold_in(order_seed, pipeline_id + 1), index
+            )
             records = shard.records(order_seed).enumerate()
             records = records.skip(tf.where(index == start_epoch, tf.constant(offset, tf.int64), 0))
 
             def decode(k, record):
                 raw, label = record
                 example_seed = tf.random.experimental.stateless_fold_in(augment_seed, k)
-                return (self.preprocess(raw, True, image_size, example_seed),
-                        tf.cast(label, tf.int32))
+                return (
+                    self.preprocess(raw, True, image_size, example_seed),
+                    tf.cast(label, tf.int32),
+                )
 
             return records.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -145,12 +159,16 @@ class ImageDataset(abc.ABC):
 
     def _evaluation_stream(self, shard: Shard, image_size: int) -> tf.data.Dataset:
         def decode(raw, label):
-            return (self.preprocess(raw, False, image_size, None), tf.cast(label, tf.int32),
-                    tf.constant(1.0))
+            return (
+                self.preprocess(raw, False, image_size, None),
+                tf.cast(label, tf.int32),
+                tf.constant(1.0),
+            )
 
         examples = shard.records(None).map(
-            decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
         padding = tf.data.Dataset.from_tensors(
-            (tf.zeros([image_size, image_size, 3]), tf.constant(0, tf.int32), tf.constant(0.0)))
+            (tf.zeros([image_size, image_size, 3]), tf.constant(0, tf.int32), tf.constant(0.0))
+        )
         return examples.concatenate(padding.repeat())
-

@@ -31,6 +31,7 @@ def normalize(image: tf.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> tf.Tens
 
 def _decode_window(encoded: tf.Tensor, window: tf.Tensor) -> tf.Tensor:
     """Decodes the [y, x, h, w] window of an encoded image into uint8 RGB."""
+
     def jpeg():
         return tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
 
@@ -43,6 +44,7 @@ def _decode_window(encoded: tf.Tensor, window: tf.Tensor) -> tf.Tensor:
 
 def _image_shape(encoded: tf.Tensor) -> tf.Tensor:
     """[height, width] of an encoded image, reading only the header for JPEGs."""
+
     def jpeg():
         return tf.image.extract_jpeg_shape(encoded)[:2]
 
@@ -67,9 +69,15 @@ def train_image(encoded: tf.Tensor, image_size: int, seed: tf.Tensor) -> tf.Tens
     shape = _image_shape(encoded)
     whole_image = tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4])
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-        tf.concat([shape, [3]], 0), whole_image, seed=crop_seed,
-        min_object_covered=0.1, aspect_ratio_range=ASPECT_RATIO_RANGE,
-        area_range=AREA_RANGE, max_attempts=10, use_image_if_no_bounding_boxes=True)
+        tf.concat([shape, [3]], 0),
+        whole_image,
+        seed=crop_seed,
+        min_object_covered=0.1,
+        aspect_ratio_range=ASPECT_RATIO_RANGE,
+        area_range=AREA_RANGE,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
     window = tf.stack([begin[0], begin[1], size[0], size[1]])
     image = _decode_window(encoded, window)
     image = tf.image.resize(image, [image_size, image_size], method="bilinear")

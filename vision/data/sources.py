@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from vision.data.digits import Digits
-from vision.data.imagenet import FolderImageNet, TFRecordImageNet, _SHARD_PATTERN
+from vision.data.imagenet import _SHARD_PATTERN, FolderImageNet, TFRecordImageNet
 from vision.data.pipeline import DataError, ImageDataset
 
 
@@ -25,8 +25,10 @@ def open_dataset(spec: str, num_classes: int | None = None) -> ImageDataset:
     if spec == "digits":
         return Digits()
     if not os.path.isdir(spec):
-        raise DataError(f"Data directory {spec} does not exist. Pass --data digits, or the "
-                        "directory of an ImageNet copy (tfds TFRecords or one folder per class).")
+        raise DataError(
+            f"Data directory {spec} does not exist. Pass --data digits, or the "
+            "directory of an ImageNet copy (tfds TFRecords or one folder per class)."
+        )
     if os.path.isdir(os.path.join(spec, "train")) and not _has_shards(spec):
         return FolderImageNet(spec)
     return TFRecordImageNet(spec, num_classes=num_classes)

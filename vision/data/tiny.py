@@ -28,10 +28,16 @@ def class_name(label: int) -> str:
     return f"n{label:08d}"
 
 
-def write_tiny_imagenet(directory: str, form: str = "tfrecord", num_classes: int = 4,
-                        images_per_class: int = 8, size: int = 32,
-                        eval_images_per_class: int | None = None,
-                        num_shards: int = 4, seed: int = 0) -> str:
+def write_tiny_imagenet(
+    directory: str,
+    form: str = "tfrecord",
+    num_classes: int = 4,
+    images_per_class: int = 8,
+    size: int = 32,
+    eval_images_per_class: int | None = None,
+    num_shards: int = 4,
+    seed: int = 0,
+) -> str:
     """Writes a small ImageNet-format dataset; returns the directory to read it from.
 
     Args:
@@ -57,10 +63,16 @@ def write_tiny_imagenet(directory: str, form: str = "tfrecord", num_classes: int
     eval_per_class = eval_images_per_class or max(1, images_per_class // 4)
     rng = np.random.default_rng(seed)
     splits = {
-        "train": [(label, _jpeg(label, i, size, rng))
-                  for label in range(num_classes) for i in range(images_per_class)],
-        "validation": [(label, _jpeg(label, i, size, rng))
-                       for label in range(num_classes) for i in range(eval_per_class)],
+        "train": [
+            (label, _jpeg(label, i, size, rng))
+            for label in range(num_classes)
+            for i in range(images_per_class)
+        ],
+        "validation": [
+            (label, _jpeg(label, i, size, rng))
+            for label in range(num_classes)
+            for i in range(eval_per_class)
+        ],
     }
     if form == "folders":
         for split, examples in splits.items():
@@ -72,8 +84,12 @@ def write_tiny_imagenet(directory: str, form: str = "tfrecord", num_classes: int
                 with open(path, "wb") as f:
                     f.write(data)
         return directory
-    _write_tfds(os.path.join(directory, TFDS_NAME, TFDS_VERSION), splits, num_classes,
-                {"train": num_shards, "validation": max(1, num_shards // 2)})
+    _write_tfds(
+        os.path.join(directory, TFDS_NAME, TFDS_VERSION),
+        splits,
+        num_classes,
+        {"train": num_shards, "validation": max(1, num_shards // 2)},
+    )
     return directory
 
 
@@ -103,25 +119,37 @@ def _write_tfds(version_dir: str, splits: dict, num_classes: int, shards: dict) 
         count = shards[split]
         lengths = []
         for shard in range(count):
-            path = os.path.join(version_dir,
-                                f"{TFDS_NAME}-{split}.tfrecord-{shard:05d}-of-{count:05d}")
+            path = os.path.join(
+                version_dir, f"{TFDS_NAME}-{split}.tfrecord-{shard:05d}-of-{count:05d}"
+            )
             mine = examples[shard::count]
             lengths.append(len(mine))
             with tf.io.TFRecordWriter(path) as writer:
                 for index, (label, data) in enumerate(mine):
                     writer.write(_example(data, label, f"{class_name(label)}_{index}.JPEG"))
-        split_infos.append({"name": split, "shardLengths": [str(n) for n in lengths],
-                            "numBytes": "0"})
+        split_infos.append(
+            {"name": split, "shardLengths": [str(n) for n in lengths], "numBytes": "0"}
+        )
     info = {
-        "name": TFDS_NAME, "version": TFDS_VERSION,
+        "name": TFDS_NAME,
+        "version": TFDS_VERSION,
         "description": "Tiny synthetic stand-in written by vision.data.write_tiny_imagenet.",
-        "features": {"featuresDict": {"features": {
-            "image": {"pythonClassName": "tensorflow_datasets.core.features.image_feature.Image"},
-            "label": {"pythonClassName":
-                      "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
-                      "classLabel": {"numClasses": str(num_classes)}},
-            "file_name": {"pythonClassName": "tensorflow_datasets.core.features.text_feature.Text"},
-        }}},
+        "features": {
+            "featuresDict": {
+                "features": {
+                    "image": {
+                        "pythonClassName": "tensorflow_datasets.core.features.image_feature.Image"
+                    },
+                    "label": {
+                        "pythonClassName": "tensorflow_datasets.core.features.class_label_feature.ClassLabel",
+                        "classLabel": {"numClasses": str(num_classes)},
+                    },
+                    "file_name": {
+                        "pythonClassName": "tensorflow_datasets.core.features.text_feature.Text"
+                    },
+                }
+            }
+        },
         "splits": split_infos,
     }
     with open(os.path.join(version_dir, "dataset_info.json"), "w") as f:
