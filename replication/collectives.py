@@ -30,7 +30,10 @@ class NotInReplicaContextError(RuntimeError):
 
 def _replica_context(name: str) -> tf.distribute.ReplicaContext:
     context = tf.distribute.get_replica_context()
-    if context is None:
+    # With no strategy in force TensorFlow returns a default replica context of one
+    # replica, where every collective would quietly return its input: that is code
+    # outside any `Replicator.run`, so it gets the same error as cross-replica code.
+    if context is None or not tf.distribute.has_strategy():
         raise NotInReplicaContextError(
             f"replication.{name} must be called inside a step function run by "
             "Replicator.run(step_fn, ...). Outside a step (cross-replica "

@@ -19,11 +19,18 @@ def ensure_logical_cpus(count: int) -> list[str]:
     """Makes at least `count` logical CPU devices exist; returns their names.
 
     Idempotent: asking again for the same or a smaller count is free, which lets
-    several Replicators share a process (e.g. `cpu:2` then `cpu`).
+    several Replicators share a process (e.g. `cpu:2` then `cpu`). A count of 1 is
+    always free, even after TensorFlow initialised its devices.
+
+    Raises:
+      DevicesAlreadyInitializedError: `count` exceeds the logical CPUs TensorFlow
+        already fixed in this process.
     """
     physical = tf.config.list_physical_devices("CPU")
     current = tf.config.get_logical_device_configuration(physical[0])
-    configured = len(current) if current else 0
+    # An unconfigured CPU is one logical device: one replica needs no configuration,
+    # so `make("cpu")` works after TensorFlow has run ops (as in any notebook).
+    configured = len(current) if current else 1
     if configured < count:
         try:
             tf.config.set_logical_device_configuration(

@@ -27,7 +27,10 @@ class ReplicatedOptimizer(snt.Module):
       scope: the owning Replicator's `scope`, entered to create the optimizer's
         slots so that they are replicated like the parameters.
       synchronous: False for asynchronous parameter-server training, where each
-        worker applies its own gradients and nothing is all-reduced.
+        worker applies its own gradients without waiting for the other workers.
+        Gradients are still averaged over the replicas that run in sync: on `ps`
+        those are the GPUs of one worker (`num_replicas_in_sync` counts only
+        them), so a worker with several GPUs applies one averaged update.
     """
 
     def __init__(
@@ -45,7 +48,7 @@ class ReplicatedOptimizer(snt.Module):
             )
         self.optimizer = optimizer
         self._scope = scope
-        self._synchronous = synchronous
+        self.synchronous = synchronous
         self._state_created = not hasattr(optimizer, "_initialize")
 
     @property
@@ -75,7 +78,9 @@ class ReplicatedOptimizer(snt.Module):
         if not present:
             raise ValueError("No updates provided for any parameter (all gradients are None).")
         updates = list(updates)
-        if self._synchronous and context.num_replicas_in_sync > 1:
+        # On every deployment this spans exactly the replicas that step together:
+        # all replicas when synchronous, one worker's local devices on `ps`.
+        if context.num_replicas_in_sync > 1:
             reduced = context.all_reduce(tf.distribute.ReduceOp.MEAN, [updates[i] for i in present])
             for i, update in zip(present, reduced):
                 updates[i] = update

@@ -28,6 +28,13 @@ from replication.deployments import Deployment
 from replication.optimizers import ReplicatedOptimizer
 
 
+def _mean_aggregation_creator(next_creator, **kwargs):
+    """Variable creator for `ps`: aggregate replica updates by mean unless told otherwise."""
+    if kwargs.get("aggregation") in (None, tf.VariableAggregation.NONE):
+        kwargs["aggregation"] = tf.VariableAggregation.MEAN
+    return next_creator(**kwargs)
+
+
 class BatchSplitError(ValueError):
     """A global batch that cannot be split evenly across replicas."""
 
@@ -96,9 +103,12 @@ class Replicator:
         """
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.strategy.scope())
-            if not self.is_asynchronous and not isinstance(
-                self.strategy, snt.distribute.Replicator
-            ):
+            if self.is_asynchronous:
+                # A parameter server holds one copy of each variable. A worker with
+                # several GPUs runs several replicas that each assign to it; MEAN
+                # aggregation makes TensorFlow combine those into one update.
+                stack.enter_context(tf.variable_creator_scope(_mean_aggregation_creator))
+            elif not isinstance(self.strategy, snt.distribute.Replicator):
                 stack.enter_context(tf.variable_creator_scope(replica_local_creator))
             yield
 

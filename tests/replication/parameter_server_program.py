@@ -46,35 +46,43 @@ def train(out: str, cluster: dict) -> None:
     model, opt = build(repl, learning_rate=0.05)
 
     def input_fn(ctx):
-        return (
+        # The pipeline is built once on each worker; a random draw made while building
+        # it tags that worker's batches, so the results say which worker ran each step
+        # (on `ps` every worker sees input_pipeline_id 0).
+        tag = tf.data.Dataset.from_tensors(
+            tf.random.uniform([], maxval=2**62, dtype=tf.int64)
+        ).repeat()
+        batches = (
             tf.data.Dataset.from_tensor_slices((x, y))
             .shuffle(256, seed=ctx.input_pipeline_id)
             .repeat()
             .batch(ctx.get_per_replica_batch_size(16))
         )
+        return tf.data.Dataset.zip((batches, tag)).map(lambda xy, t: (xy[0], xy[1], t))
 
     per_worker = iter(repl.distribute(input_fn))
 
     @tf.function
     def train_step(iterator):
-        def step(xb, yb):
+        def step(xb, yb, worker_tag):
             with tf.GradientTape() as tape:
                 loss = loss_fn(model, xb, yb)
             opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
-            return loss
+            return worker_tag
 
         return repl.run(step, *next(iterator))
 
     initial = float(loss_fn(model, x, y))
-    for _ in range(STEPS):
-        repl.schedule(train_step, per_worker)
+    results = [repl.schedule(train_step, per_worker) for _ in range(STEPS)]
     repl.join()
+    _, workers = np.unique([int(r.fetch()) for r in results], return_inverse=True)
     np.savez(
         out,
         initial=initial,
         final=float(loss_fn(model, x, y)),
         steps=int(opt.optimizer.step.numpy()),
         asynchronous=repl.is_asynchronous,
+        steps_per_worker=np.bincount(workers, minlength=len(cluster["worker"])),
     )
 
 

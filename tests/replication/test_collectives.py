@@ -170,3 +170,20 @@ def test_distribute_gives_each_replica_its_share_of_the_global_batch(repl):
     assert sorted(v for s in shares for v in s) == list(range(8)) and all(
         len(s) == 2 for s in shares
     )
+
+
+@pytest.mark.parametrize(
+    "name, call",
+    [
+        ("all_reduce", lambda: replication.all_reduce(tf.ones([2]), "sum")),
+        ("all_gather", lambda: replication.all_gather(tf.ones([2]))),
+        ("broadcast", lambda: replication.broadcast(tf.ones([2]))),
+        ("replica_id", replication.replica_id),
+    ],
+)
+def test_collectives_with_no_replicator_at_all_raise_instead_of_returning_input(name, call):
+    # Without any strategy TensorFlow offers a default one-replica context, in which
+    # all_reduce and broadcast used to hand back their input unchanged.
+    assert not tf.distribute.has_strategy()
+    with pytest.raises(replication.NotInReplicaContextError, match=name):
+        call()

@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 import replication
+from tests.support import run_python
 
 
 @pytest.mark.parametrize(
@@ -71,3 +72,26 @@ def test_replicas_share_one_process():
     assert replication.make("cpu:2").num_replicas == 2
     assert replication.make("cpu:4").num_replicas == 4
     assert replication.make("cpu").num_replicas == 1
+
+
+ONE_REPLICA_AFTER_TF_OPS = """
+import tensorflow as tf
+import replication
+from tests.support import run_python
+tf.constant(1.0) + 1.0  # TensorFlow fixes its devices here, as in any notebook
+for spec in ("cpu", "cpu:1"):
+    repl = replication.make(spec)
+    assert repl.num_replicas == 1, spec
+    out = repl.run(tf.function(lambda: tf.constant(2.0) * 3.0))
+    assert float(out) == 6.0, spec
+try:
+    replication.make("cpu:2")
+except replication.DevicesAlreadyInitializedError as error:
+    assert "before any other" in str(error)
+    print("REFUSED cpu:2")
+"""
+
+
+def test_one_replica_works_after_tensorflow_initialised_but_more_is_refused():
+    result = run_python(ONE_REPLICA_AFTER_TF_OPS, timeout=120)
+    assert "REFUSED cpu:2" in result.stdout

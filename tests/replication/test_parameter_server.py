@@ -25,6 +25,9 @@ def test_async_cluster_trains_a_regression_to_threshold(tmp_path):
     result = np.load(out)
     assert bool(result["asynchronous"])
     assert int(result["steps"]) == 300  # every scheduled step applied exactly once
+    # Both workers took part: each ran a share of the steps, together all of them.
+    per_worker = result["steps_per_worker"]
+    assert len(per_worker) == 2 and per_worker.sum() == 300 and per_worker.min() >= 30, per_worker
     # Noise variance is 0.01: the fit must get close to it from a loss of ~7.
     assert float(result["initial"]) > 1.0
     assert float(result["final"]) < 0.03
