@@ -95,10 +95,10 @@ def parse(spec: str) -> Deployment:
         return Deployment("cpu", replicas, per_replica)
     match = _GPU.match(text)
     if match:
-        replicas = int(match.group(1)) if match.group(1) else None
-        if replicas is not None and replicas < 1:
+        gpus = int(match.group(1)) if match.group(1) else None
+        if gpus is not None and gpus < 1:
             raise DeploymentSpecError(_message(spec, "the GPU count must be >= 1"))
-        return Deployment("gpu", replicas)
+        return Deployment("gpu", gpus)
     if text == "multiworker":
         return Deployment("multiworker")
     if text == "ps":

@@ -79,7 +79,7 @@ class _LocalReplicator(snt.distribute.Replicator):
 
 
 def _make_cpu(deployment: Deployment) -> Replicator:
-    replicas, per_replica = deployment.replicas, deployment.devices_per_replica
+    replicas, per_replica = deployment.replicas or 1, deployment.devices_per_replica
     devices = ensure_logical_cpus(replicas * per_replica)
     groups = [devices[i * per_replica : (i + 1) * per_replica] for i in range(replicas)]
     strategy = _LocalReplicator(devices=[group[0] for group in groups])

@@ -120,8 +120,8 @@ class SpectralNorm(snt.Module):
             raise ValueError("n_power_iterations must be >= 1.")
         self.n_power_iterations = n_power_iterations
         self.epsilon = epsilon
-        self.u = None
-        self.sigma = None
+        self.u: tf.Variable | None = None
+        self.sigma: tf.Variable | None = None
 
     @snt.once
     def _initialize(self, weight: tf.Tensor) -> None:
@@ -139,6 +139,7 @@ class SpectralNorm(snt.Module):
 
     def __call__(self, weight: tf.Tensor, is_training: bool = True) -> tf.Tensor:
         self._initialize(weight)
+        assert self.u is not None and self.sigma is not None  # made by _initialize
         matrix = tf.reshape(weight, [-1, weight.shape[-1]])
         u = tf.stop_gradient(tf.cast(self.u, matrix.dtype))
         for _ in range(self.n_power_iterations):
