@@ -144,7 +144,9 @@ class _ObservationWrapper(Wrapper):
             # Declared, not enforced: agents size their value support from it.
             low, high = (float(b) for b in reward_bounds)
             if not low <= high:
-                raise ValueError(f"reward_bounds must be (low, high) with low <= high, got {reward_bounds}.")
+                raise ValueError(
+                    f"reward_bounds must be (low, high) with low <= high, got {reward_bounds}."
+                )
             self._reward_spec = specs.BoundedArray(
                 shape=(), dtype=np.float32, minimum=low, maximum=high, name="reward"
             )

@@ -208,9 +208,7 @@ class D4PGLearner(core.Learner):
         # Target distribution: target torso, policy and critic at o_{t+m}; no gradient.
         next_embedding = target.torso(batch.next_observation)
         target_logits = target.critic(next_embedding, target.policy(next_embedding))
-        projected = losses.categorical_target(
-            batch.reward, batch.discount, target_logits, support
-        )
+        projected = losses.categorical_target(batch.reward, batch.discount, target_logits, support)
 
         # Critic (and torso): cross-entropy to the projected target.
         with tf.GradientTape() as critic_tape:

@@ -249,9 +249,7 @@ def make_networks(config: D4PGConfig, env_spec, name_prefix: str = "") -> D4PGNe
             act_spec.maximum * np.ones(act_spec.shape),
             name=f"{name_prefix}policy",
         ),
-        critic=Critic(
-            config, name=f"{name_prefix}critic", support=value_support(config, env_spec)
-        ),
+        critic=Critic(config, name=f"{name_prefix}critic", support=value_support(config, env_spec)),
     )
     dummy_obs = tf.zeros((1,) + tuple(obs_spec.shape), tf.dtypes.as_dtype(obs_spec.dtype))
     dummy_act = tf.zeros((1,) + tuple(act_spec.shape), tf.float32)
