@@ -281,7 +281,10 @@ class D4PGLearner(core.Learner):
             policy_grads = _scale_to_norm(policy_grads, policy_norm, config.max_gradient_norm)
         self._critic_optimizer.apply(critic_grads, online.critic_variables())
         self._policy_optimizer.apply(policy_grads, online.policy_variables())
-        self._num_steps.assign_add(1)
+        # Automatic control dependencies order stateful ops per resource only: without
+        # this, a sample that times out (the iterator ends) could still bump the counter.
+        with tf.control_dependencies([critic_norm, policy_norm]):
+            self._num_steps.assign_add(1)
 
         clip = float(config.max_gradient_norm) if config.clipping else float("inf")
         returns = tf.stack([tf.reduce_max(batch.reward), -tf.reduce_min(batch.reward)])
