@@ -99,6 +99,15 @@ def profile(task: str, rounds: int = 3) -> dict:
     physics = _best_time(stepper(features_env), rounds, 100)
     with_render = _best_time(stepper(pixels_env), rounds, 100)
 
+    render_by_size = {
+        size: _best_time(
+            lambda size=size: pixels_env.physics.render(height=size, width=size, camera_id=0),
+            rounds,
+            20,
+        )
+        for size in (48, 64, 84)
+    }
+
     nets = networks.make_networks(config, spec)
     policy = NumpyPolicy(config, pixels=True, action_low=-1.0, action_high=1.0)
     policy.set_weights([v.numpy() for v in nets.acting_variables()])
@@ -130,6 +139,7 @@ def profile(task: str, rounds: int = 3) -> dict:
             "rendering": max(with_render - physics, 0.0),
             "actor_torso_and_policy": act,
         },
+        "render_one_frame_s_by_size": render_by_size,
         "learner_update_s": update,
         "updates_per_agent_step": 1.0 / (config.batch_size / config.samples_per_insert),
         "learner_s_per_agent_step": update * config.samples_per_insert / config.batch_size,
