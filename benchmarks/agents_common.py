@@ -35,8 +35,8 @@ from agents.d4pg.config import D4PGConfig
 from agents.d4pg.replay import make_replay_server
 import environments
 config = D4PGConfig.from_json(sys.argv[1])
-env = environments.make(sys.argv[2], from_pixels=config.from_pixels, height=config.image_size,
-                        width=config.image_size, frame_stack=config.frame_stack)
+from agents.d4pg import builder
+env = builder.make_environment(config, sys.argv[2], seed=0)
 spec = environments.make_environment_spec(env)
 del env
 server = make_replay_server(config, spec, port=int(sys.argv[3]))

@@ -45,6 +45,7 @@ def main() -> None:
     config = D4PGConfig.from_overrides(
         {
             "from_pixels": True,
+            "frame_stack": 1,  # The frames below are single renders.
             "image_size": args.image_size,
             "samples_per_insert": 0,
             "min_replay_size": 1,

@@ -12,7 +12,13 @@ import os
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 from environments.specs import EnvironmentSpec, make_environment_spec
-from environments.suite import UnknownTaskError, list_tasks, make, parse_task_name
+from environments.suite import (
+    UnknownTaskError,
+    list_tasks,
+    make,
+    parse_task_name,
+    reward_bounds,
+)
 from environments.wrappers import RenderingUnavailableError
 
 __all__ = [
@@ -23,4 +29,5 @@ __all__ = [
     "make",
     "make_environment_spec",
     "parse_task_name",
+    "reward_bounds",
 ]

@@ -73,6 +73,22 @@ def _dm_suite() -> ModuleType:
     return suite
 
 
+# Domains whose rewards are NOT confined to [0, 1] per step (LQR's quadratic cost
+# makes its reward 1 - cost, unbounded below).
+_UNBOUNDED_REWARD_DOMAINS = frozenset({"lqr"})
+
+
+def reward_bounds(domain: str) -> tuple[float, float] | None:
+    """Per-step reward bounds of a dm-control suite domain, before any action repeat.
+
+    The Control Suite's design (Tassa et al. 2018, section 2) gives every benchmarking
+    task rewards in [0, 1] per control step; the extra LQR tasks are the exception
+    (None: no known bound). `make` declares these bounds, multiplied by `action_repeat`,
+    in the reward spec, where agents can size their value estimates from them.
+    """
+    return None if domain in _UNBOUNDED_REWARD_DOMAINS else (0.0, 1.0)
+
+
 def list_tasks() -> list[str]:
     """Returns every dm-control suite task as a sorted list of `"domain:task"` names."""
     return sorted(f"{domain}:{task}" for domain, task in _dm_suite().ALL_TASKS)
@@ -121,7 +137,8 @@ def make(
     Observations are one flat float32 vector of the task's features (dict order), or, with
     `from_pixels=True`, uint8 frames of shape (height, width, 3 * frame_stack) stacked
     oldest first. Actions are float32 in [-1, 1], clipped, and mapped affinely onto the
-    task's bounds. Rewards and discounts are float32.
+    task's bounds. Rewards and discounts are float32; the reward spec is a
+    `BoundedArray` of [0, action_repeat] for every domain but LQR (`reward_bounds`).
 
     Args:
       name: `"domain:task"`, e.g. `"cartpole:swingup"`; see `list_tasks()`.
@@ -169,12 +186,20 @@ def make(
         task_kwargs["time_limit"] = time_limit
     env = dm_suite.load(domain, task, task_kwargs=task_kwargs)
 
+    bounds = reward_bounds(domain)
+    if bounds is not None:  # Rewards of k repeated steps add up.
+        bounds = (bounds[0] * action_repeat, bounds[1] * action_repeat)
     if action_repeat > 1:
         env = wrappers.ActionRepeat(env, action_repeat)
     if from_pixels:
         env = wrappers.PixelObservation(
-            env, height=height, width=width, camera_id=camera_id, frame_stack=frame_stack
+            env,
+            height=height,
+            width=width,
+            camera_id=camera_id,
+            frame_stack=frame_stack,
+            reward_bounds=bounds,
         )
     else:
-        env = wrappers.FlattenFeatures(env)
+        env = wrappers.FlattenFeatures(env, reward_bounds=bounds)
     return wrappers.CanonicalActions(env)

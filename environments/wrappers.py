@@ -133,8 +133,27 @@ class _ObservationWrapper(Wrapper):
         shape=(), dtype=np.float32, minimum=0.0, maximum=1.0, name="discount"
     )
 
+    def __init__(
+        self,
+        environment: dm_env.Environment,
+        reward_bounds: tuple[float, float] | None = None,
+    ):
+        super().__init__(environment)
+        self._reward_spec = self._REWARD_SPEC
+        if reward_bounds is not None:
+            # Declared, not enforced: agents size their value support from it.
+            low, high = (float(b) for b in reward_bounds)
+            if not low <= high:
+                raise ValueError(
+                    f"reward_bounds must be (low, high) with low <= high, got {reward_bounds}."
+                )
+            self._reward_spec = specs.BoundedArray(
+                shape=(), dtype=np.float32, minimum=low, maximum=high, name="reward"
+            )
+
     def reward_spec(self) -> specs.Array:
-        return self._REWARD_SPEC
+        """float32 scalar; a `BoundedArray` when the reward bounds per step are known."""
+        return self._reward_spec
 
     def discount_spec(self) -> specs.BoundedArray:
         return self._DISCOUNT_SPEC
@@ -158,12 +177,18 @@ class _ObservationWrapper(Wrapper):
 class FlattenFeatures(_ObservationWrapper):
     """Concatenates a dict of feature arrays into one float32 vector, in the dict's order.
 
+    `reward_bounds` (low, high), when given, makes `reward_spec()` a `BoundedArray`.
+
     Scalars become length-1 segments and matrices are flattened row-major.
     `feature_slices` says where each named feature lives in the vector.
     """
 
-    def __init__(self, environment: dm_env.Environment):
-        super().__init__(environment)
+    def __init__(
+        self,
+        environment: dm_env.Environment,
+        reward_bounds: tuple[float, float] | None = None,
+    ):
+        super().__init__(environment, reward_bounds)
         self.feature_slices: dict[str, slice] = {}
         start = 0
         for name, spec in environment.observation_spec().items():
@@ -194,7 +219,8 @@ class PixelObservation(_ObservationWrapper):
     """Replaces the observation by rendered frames: uint8 (height, width, 3 * frame_stack).
 
     Frames are stacked along channels, oldest first: channels [3*i, 3*i+3) hold the frame
-    from `frame_stack - 1 - i` steps ago. On a FIRST timestep (reset, or an inner auto-reset)
+    from `frame_stack - 1 - i` steps ago. `reward_bounds` as in `FlattenFeatures`.
+    On a FIRST timestep (reset, or an inner auto-reset)
     the first frame fills every slot, so the stack never mixes two episodes.
 
     Raises:
@@ -209,8 +235,9 @@ class PixelObservation(_ObservationWrapper):
         width: int = 84,
         camera_id: int = 0,
         frame_stack: int = 1,
+        reward_bounds: tuple[float, float] | None = None,
     ):
-        super().__init__(environment)
+        super().__init__(environment, reward_bounds)
         if height < 1 or width < 1:
             raise ValueError(f"height and width must be positive, got {height}x{width}.")
         if frame_stack < 1:

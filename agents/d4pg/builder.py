@@ -33,7 +33,11 @@ __all__ = [
 
 
 def make_environment(config: D4PGConfig, env_name: str, seed: int):
-    """The environment D4PG sees for `config` (features or pixels, repeat, stack)."""
+    """The environment D4PG sees for `config` (features or pixels, repeat, stack, camera).
+
+    Unset `frame_stack` / `action_repeat` take their per-task defaults
+    (`D4PGConfig.resolved_frame_stack`, `resolved_action_repeat`).
+    """
     import environments  # Imported lazily: it configures MuJoCo's GL backend on import.
 
     return environments.make(
@@ -42,8 +46,9 @@ def make_environment(config: D4PGConfig, env_name: str, seed: int):
         from_pixels=config.from_pixels,
         height=config.image_size,
         width=config.image_size,
-        frame_stack=config.frame_stack,
-        action_repeat=config.action_repeat,
+        camera_id=config.camera_id,
+        frame_stack=config.resolved_frame_stack(),
+        action_repeat=config.resolved_action_repeat(env_name),
     )
 
 

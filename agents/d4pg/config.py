@@ -9,14 +9,52 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+# Agent steps per action for pixel runs, by dm-control domain (PlaNet, Hafner et al. 2019,
+# whose choices SAC-AE, CURL and DrQ kept): fewer, more consequential decisions per episode
+# make pixel learning cheaper; the fast domains keep finer control.
+PIXEL_ACTION_REPEAT: dict[str, int] = {"cartpole": 8, "finger": 2, "walker": 2}
+DEFAULT_PIXEL_ACTION_REPEAT = 4
+
 
 @dataclasses.dataclass(frozen=True)
 class D4PGConfig:
     """Hyperparameters of distributed D4PG (Barth-Maron et al., 2018).
 
-    Defaults follow the published agent (and Acme's D4PG defaults). Every field can be
-    overridden, e.g. from the command line as `--config.batch_size=128` via
-    `D4PGConfig.from_overrides({"batch_size": "128"})`.
+    Every field can be overridden, e.g. from the command line as `--config.batch_size=128`
+    via `D4PGConfig.from_overrides({"batch_size": "128"})`. Fields left at None are
+    resolved per task (see `value_support`, `resolved_frame_stack`,
+    `resolved_action_repeat`, `resolved_random_shift`); explicit values always win.
+
+    Where the defaults come from. "Acme" is acme/agents/tf/d4pg (agent.py's config
+    and learning.py), the published implementation by the paper's authors, read for
+    this project; "paper" is Barth-Maron et al. 2018.
+      From Acme (and consistent with the paper where it states them): discount 0.99,
+      n_step 5, batch_size 256, Adam with policy_lr = critic_lr = 1e-4, num_atoms 51,
+      sigma 0.3, target_update_period 100 (periodic hard copy), max_replay_size 1e6,
+      min_replay_size 1000, samples_per_insert 32 (10% tolerance), and with Acme's
+      `clipping=True`: a global-norm clip of 40 per network (`max_gradient_norm`) and a
+      per-sample L2-norm clip of dQ/da at 1.0 (`dqda_clipping`; Acme's
+      `losses.dpg(..., dqda_clipping=1.0, clip_norm=True)`). Acme ties both clips to
+      one flag; here `dqda_clipping <= 0` turns the per-sample clip off on its own.
+      policy_layers (256, 256, 256) and critic_layers (512, 512, 256) with a first
+      LayerNorm+tanh layer: Acme's control-suite example networks.
+    Where this differs from Acme:
+      vmin/vmax: Acme uses a fixed [-150, 150] (right for rewards in [0, 1] per step,
+      no action repeat, discount 0.99). Here the default follows the task's reward
+      bounds, `action_repeat` and `discount` (`networks.value_support`), so that an
+      action repeat of k (per-step rewards up to k) cannot push returns off the support.
+      The DPG is taken at o_t through the online torso (stop-gradient); Acme takes it
+      at o_{t+m} through the target torso. Both are replay states; ours keeps the
+      policy on the embedding the critic is trained on.
+      `publish_period`, `variable_update_period`, the conv torso, `random_shift` and
+      the pixel defaults are this project's choices (Acme's D4PG has no pixel setup).
+
+    Pixel runs (`from_pixels=True`) default to `frame_stack` 3 (velocities need more
+    than one frame), random-shift augmentation (pad 4, random crop; Kostrikov et al.
+    2020, DrQ) and the per-domain action repeat of the pixel-control literature
+    (PlaNet, Hafner et al. 2019; followed by SAC-AE, CURL and DrQ), `PIXEL_ACTION_REPEAT`:
+    cartpole 8, finger 2, walker 2, every other domain 4. Feature runs default to
+    frame_stack 1, action_repeat 1 and no augmentation.
 
     Example:
       >>> cfg = D4PGConfig.from_overrides({"policy_layers": "64,64", "sigma": "0.2"})
@@ -31,8 +69,9 @@ class D4PGConfig:
     policy_layers: tuple[int, ...] = (256, 256, 256)
     critic_layers: tuple[int, ...] = (512, 512, 256)
     num_atoms: int = 51
-    vmin: float = -150.0
-    vmax: float = 150.0
+    # Support of the categorical critic; None: derived from the task (`value_support`).
+    vmin: float | None = None
+    vmax: float | None = None
     # Conv torso used when observations are pixels: (channels, kernel, stride) per layer,
     # then a linear layer of `torso_output_size` units.
     conv_channels: tuple[int, ...] = (32, 32, 32)
@@ -45,8 +84,14 @@ class D4PGConfig:
     critic_lr: float = 1e-4
     clipping: bool = True
     max_gradient_norm: float = 40.0  # Per-network global norm clip when `clipping`.
+    dqda_clipping: float = 1.0  # Per-sample L2 norm clip of dQ/da; <= 0: no clip.
     target_update_period: int = 100
     jit_compile: bool = True  # XLA-compile the forward/backward pass of the update.
+    # Image augmentation of the learner's batches (pixels only): pad by
+    # `random_shift_pad` pixels (edge replication) and crop back at a random offset.
+    # None: on for pixels, off for features.
+    random_shift: bool | None = None
+    random_shift_pad: int = 4
     # Replay.
     max_replay_size: int = 1_000_000
     min_replay_size: int = 1000
@@ -61,8 +106,9 @@ class D4PGConfig:
     # Environment.
     from_pixels: bool = False
     image_size: int = 84
-    frame_stack: int = 1
-    action_repeat: int = 1
+    camera_id: int = 0  # MuJoCo camera for pixels (-1: the free camera).
+    frame_stack: int | None = None  # None: 3 for pixels, 1 for features.
+    action_repeat: int | None = None  # None: `PIXEL_ACTION_REPEAT` for pixels, 1 for features.
     # Reproducibility.
     seed: int = 0
 
@@ -83,11 +129,14 @@ class D4PGConfig:
             "max_in_flight_samples_per_worker",
             "torso_output_size",
         ):
-            if getattr(self, name) < 1:
-                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name} must be >= 1, got {value}")
         if not 0.0 <= self.discount <= 1.0:
             problems.append(f"discount must be in [0, 1], got {self.discount}")
-        if self.vmin >= self.vmax:
+        if (self.vmin is None) != (self.vmax is None):
+            problems.append("set both vmin and vmax, or neither (derived from the task)")
+        elif self.vmin is not None and self.vmin >= self.vmax:
             problems.append(f"vmin ({self.vmin}) must be < vmax ({self.vmax})")
         if self.num_atoms < 2:
             problems.append(f"num_atoms must be >= 2, got {self.num_atoms}")
@@ -97,12 +146,43 @@ class D4PGConfig:
             problems.append("min_replay_size must be <= max_replay_size")
         if self.sigma < 0:
             problems.append(f"sigma must be >= 0, got {self.sigma}")
+        if self.random_shift_pad < 0:
+            problems.append(f"random_shift_pad must be >= 0, got {self.random_shift_pad}")
+        if self.camera_id < -1:
+            problems.append(f"camera_id must be >= -1 (-1: free camera), got {self.camera_id}")
+        if self.frame_stack not in (None, 1) and not self.from_pixels:
+            problems.append("frame_stack > 1 needs from_pixels=true")
+        if self.random_shift and not self.from_pixels:
+            problems.append("random_shift applies to pixels: set from_pixels=true")
         if not (len(self.conv_channels) == len(self.conv_kernels) == len(self.conv_strides)):
             problems.append("conv_channels, conv_kernels and conv_strides must have equal lengths")
         if not self.policy_layers or not self.critic_layers:
             problems.append("policy_layers and critic_layers need at least one layer each")
         if problems:
             raise ValueError("Invalid D4PGConfig: " + "; ".join(problems))
+
+    # -- Per-task defaults -------------------------------------------------------------
+
+    def resolved_frame_stack(self) -> int:
+        """`frame_stack`, or 3 for pixels and 1 for features when unset."""
+        if self.frame_stack is not None:
+            return self.frame_stack
+        return 3 if self.from_pixels else 1
+
+    def resolved_action_repeat(self, task: str) -> int:
+        """`action_repeat`, or the per-domain pixel default / 1 for features when unset."""
+        if self.action_repeat is not None:
+            return self.action_repeat
+        if not self.from_pixels:
+            return 1
+        domain = task.split(":")[0]
+        return PIXEL_ACTION_REPEAT.get(domain, DEFAULT_PIXEL_ACTION_REPEAT)
+
+    def resolved_random_shift(self) -> bool:
+        """`random_shift`, or on for pixels and off for features when unset."""
+        if self.random_shift is not None:
+            return self.random_shift and self.random_shift_pad > 0
+        return self.from_pixels and self.random_shift_pad > 0
 
     # -- Serialisation -----------------------------------------------------------------
 

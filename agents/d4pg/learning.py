@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import replication
 from agents import core
-from agents.d4pg import losses, networks, variables
+from agents.d4pg import augmentation, diagnostics, losses, networks, variables
 from agents.d4pg.config import D4PGConfig
 from agents.d4pg.replay import REPLAY_TABLE
 
@@ -89,14 +89,27 @@ class D4PGLearner(core.Learner):
     optimisers (moments, step counts) and the update counter.
 
     The update of one replica, on its own batch:
-      1. every `target_update_period` updates, copy online -> target weights;
-      2. critic: distributional TD loss against the projected n-step target
+      1. every `target_update_period` updates, copy online -> target weights (before
+         the update: updates 0, P, 2P, ... start from fresh targets);
+      2. pixels with `random_shift`: shift o_t and o_{t+m} (`augmentation`);
+      3. critic: distributional TD loss against the projected n-step target
          (`losses.distributional_td_loss`); trains the critic and the torso;
-      3. policy: DPG through the critic's mean (`losses.dpg_loss`) on a stop-gradient
-         embedding; trains the policy only;
-      4. the optimisers average gradients across replicas (once), optionally clip the
-         averaged gradients by global norm, and apply them.
-    Metrics are reduced across replicas once per update.
+      4. policy: DPG through the critic's mean on a stop-gradient embedding, with
+         dQ/da clipped per sample to L2 norm `dqda_clipping` (Acme); trains the policy;
+      5. the optimisers average gradients across replicas (once); with `clipping` the
+         averaged gradient of each network is clipped to global norm
+         `max_gradient_norm` first.
+
+    `step()` returns, reduced across replicas: critic_loss, policy_loss (-mean Q),
+    q_mean, critic_grad_norm / policy_grad_norm (global norm of the averaged gradient,
+    before clipping), critic_clipped / policy_clipped (1 when the global-norm clip
+    acted; its mean over updates is the clip fraction), dqda_norm (mean per-sample
+    |dQ/da| before its clip), dqda_clip_fraction, edge_mass (projected target mass on
+    the two edge atoms), beyond_support_mass (target mass clipped onto them),
+    n_step_return_max / _min, and every ~100 updates samples_per_insert (sampled /
+    inserted items since the last reading, from Reverb's table info; needs a replay
+    client). A support that proves too small is reported once with what to set
+    (`support_warning`, also logged as a warning).
 
     Args:
       config: hyperparameters.
@@ -136,6 +149,13 @@ class D4PGLearner(core.Learner):
             self._num_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_steps")
         self._copy_to_target()
         self._create_optimizer_state()
+
+        self._random_shift = config.resolved_random_shift() and networks.is_pixels(
+            env_spec.observations
+        )
+        vmin, vmax = (float(x) for x in self._online.critic.support.numpy()[[0, -1]])
+        self._support_monitor = diagnostics.SupportMonitor(config, vmin, vmax)
+        self._replay_ratio = diagnostics.ReplayRatio(replay_client)
 
         self._input_fn = input_fn
         self._iterator = iter(replicator.distribute(input_fn))
@@ -181,32 +201,67 @@ class D4PGLearner(core.Learner):
             optimizer.create_state(params)
 
     def _loss_and_gradients(self, batch: Transition):
-        """Losses and gradients of one replica's batch (pure computation, no state changes)."""
-        online, target = self._online, self._target
-        with tf.GradientTape(persistent=True) as tape:
+        """Losses, gradients and diagnostics of one replica's batch (no state changes)."""
+        config, online, target = self._config, self._online, self._target
+        support = online.critic.support
+
+        # Target distribution: target torso, policy and critic at o_{t+m}; no gradient.
+        next_embedding = target.torso(batch.next_observation)
+        target_logits = target.critic(next_embedding, target.policy(next_embedding))
+        projected = losses.categorical_target(batch.reward, batch.discount, target_logits, support)
+
+        # Critic (and torso): cross-entropy to the projected target.
+        with tf.GradientTape() as critic_tape:
             embedding = online.torso(batch.observation)
-            next_embedding = tf.stop_gradient(target.torso(batch.next_observation))
             logits = online.critic(embedding, batch.action)
-            next_action = target.policy(next_embedding)
-            target_logits = target.critic(next_embedding, next_action)
-            critic_loss = losses.distributional_td_loss(
-                logits, batch.reward, batch.discount, target_logits, online.critic.support
-            )
+            critic_loss = losses.cross_entropy(logits, projected)
+        critic_grads = critic_tape.gradient(critic_loss, online.critic_variables())
 
-            policy_embedding = tf.stop_gradient(embedding)
+        # Policy: DPG through the critic's mean on a stop-gradient embedding, with the
+        # per-sample dQ/da clipped (Acme), i.e. grad = -mean_b clip(dQ/da_b) da_b/dtheta.
+        policy_embedding = tf.stop_gradient(embedding)
+        with tf.GradientTape() as policy_tape:
             dpg_action = online.policy(policy_embedding)
+        with tf.GradientTape() as action_tape:
+            action_tape.watch(dpg_action)
             q_values = online.critic.mean(online.critic(policy_embedding, dpg_action))
-            policy_loss = losses.dpg_loss(q_values)
+        # q_b depends on a_b only, so the gradient of sum_b q_b is each sample's dQ/da.
+        dqda = action_tape.gradient(q_values, dpg_action)
+        dqda_norm = tf.reduce_mean(tf.norm(dqda, axis=-1))
+        dqda_clip_fraction = tf.constant(0.0)
+        if config.dqda_clipping > 0:
+            dqda, dqda_clip_fraction = losses.clip_dqda(dqda, config.dqda_clipping)
+        batch_size = tf.cast(tf.shape(q_values)[0], tf.float32)
+        policy_grads = policy_tape.gradient(
+            dpg_action, online.policy_variables(), output_gradients=-dqda / batch_size
+        )
+        policy_loss = losses.dpg_loss(q_values)
 
-        critic_grads = tape.gradient(critic_loss, online.critic_variables())
-        policy_grads = tape.gradient(policy_loss, online.policy_variables())
-        del tape
         metrics = {
             "critic_loss": critic_loss,
             "policy_loss": policy_loss,
             "q_mean": tf.reduce_mean(q_values),
+            "dqda_norm": dqda_norm,
+            "dqda_clip_fraction": dqda_clip_fraction,
+            **losses.support_diagnostics(
+                batch.reward, batch.discount, target_logits, projected, support
+            ),
         }
         return critic_grads, policy_grads, metrics
+
+    def _augment(self, batch: Transition) -> Transition:
+        """Random shifts of this replica's images (`augmentation`), keyed by seed and step."""
+        per_replica = tf.shape(batch.observation)[0]
+        observation, next_observation = augmentation.augment_batch_images(
+            batch.observation,
+            batch.next_observation,
+            seed=self._config.seed,
+            step=self._num_steps,
+            pad=self._config.random_shift_pad,
+            global_batch=self._config.batch_size,
+            first_row=replication.replica_id() * per_replica,
+        )
+        return batch._replace(observation=observation, next_observation=next_observation)
 
     def _step_fn(self, batch: Transition) -> dict[str, tf.Tensor]:
         """One replica's D4PG update (replica context)."""
@@ -216,14 +271,34 @@ class D4PGLearner(core.Learner):
             for source, dest in zip(online.all_variables(), target.all_variables()):
                 dest.assign(source)
 
+        if self._random_shift:
+            batch = self._augment(batch)
         critic_grads, policy_grads, metrics = self._compute(batch)
+        critic_norm = _mean_gradient_norm(critic_grads)
+        policy_norm = _mean_gradient_norm(policy_grads)
         if config.clipping:
-            critic_grads = _clip_mean_gradient(critic_grads, config.max_gradient_norm)
-            policy_grads = _clip_mean_gradient(policy_grads, config.max_gradient_norm)
+            critic_grads = _scale_to_norm(critic_grads, critic_norm, config.max_gradient_norm)
+            policy_grads = _scale_to_norm(policy_grads, policy_norm, config.max_gradient_norm)
         self._critic_optimizer.apply(critic_grads, online.critic_variables())
         self._policy_optimizer.apply(policy_grads, online.policy_variables())
-        self._num_steps.assign_add(1)
-        return metrics
+        # Automatic control dependencies order stateful ops per resource only: without
+        # this, a sample that times out (the iterator ends) could still bump the counter.
+        with tf.control_dependencies([critic_norm, policy_norm]):
+            self._num_steps.assign_add(1)
+
+        clip = float(config.max_gradient_norm) if config.clipping else float("inf")
+        returns = tf.stack([tf.reduce_max(batch.reward), -tf.reduce_min(batch.reward)])
+        if replication.num_replicas() > 1:  # The metrics' mean then keeps the extremes.
+            returns = replication.all_reduce(returns, "max")
+        return {
+            **metrics,
+            "critic_grad_norm": critic_norm,
+            "policy_grad_norm": policy_norm,
+            "critic_clipped": tf.cast(critic_norm > clip, tf.float32),
+            "policy_clipped": tf.cast(policy_norm > clip, tf.float32),
+            "n_step_return_max": returns[0],
+            "n_step_return_min": -returns[1],
+        }
 
     def _train_step(self, iterator) -> dict[str, tf.Tensor]:
         per_replica = self._repl.run(self._step_fn, next(iterator))
@@ -247,7 +322,17 @@ class D4PGLearner(core.Learner):
         self._steps_since_publish += 1
         if self._client is not None and self._steps_since_publish >= self._config.publish_period:
             self.publish_variables()
-        return {name: float(value) for name, value in metrics.items()}
+        result = {name: float(value) for name, value in metrics.items()}
+        self._support_monitor.observe(result)
+        spi = self._replay_ratio.update(self.num_steps)
+        if spi is not None:
+            result["samples_per_insert"] = spi
+        return result
+
+    @property
+    def support_warning(self) -> str | None:
+        """The warning logged once when the value support proved too small (else None)."""
+        return self._support_monitor.warning
 
     # --------------------------------------------------------------- variables
 
@@ -321,20 +406,25 @@ class D4PGLearner(core.Learner):
         return True
 
 
-def _clip_mean_gradient(grads: list[tf.Tensor | None], max_norm: float) -> list:
+def _mean_gradient_norm(grads: list[tf.Tensor | None]) -> tf.Tensor:
+    """Global norm of the cross-replica MEAN of per-replica gradients (before clipping).
+
+    Costs one extra all-reduce when replicated (the optimiser averages again).
+    """
+    present = [g for g in grads if g is not None]
+    if replication.num_replicas() > 1:
+        present = replication.all_reduce(present, "mean")
+    return tf.linalg.global_norm(present)
+
+
+def _scale_to_norm(grads: list[tf.Tensor | None], norm: tf.Tensor, max_norm: float) -> list:
     """Scales per-replica gradients so that their cross-replica MEAN has norm <= max_norm.
 
     The optimiser averages gradients across replicas; clipping each replica's gradient
     before that would differ from clipping the gradient of the global batch. Scaling
     every replica's gradient by the same factor min(1, max_norm / |mean|) gives exactly
-    the clipped mean after averaging. Costs one extra all-reduce when replicated.
+    the clipped mean after averaging.
     """
-    present = [g for g in grads if g is not None]
-    if replication.num_replicas() > 1:
-        mean = replication.all_reduce(present, "mean")
-    else:
-        mean = present
-    norm = tf.linalg.global_norm(mean)
     scale = tf.minimum(1.0, max_norm / tf.maximum(norm, 1e-12))
     return [None if g is None else g * scale for g in grads]
 

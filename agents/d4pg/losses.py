@@ -75,6 +75,51 @@ def categorical_l2_project(
     return tf.reduce_sum(weights * tf.cast(target_probs, tf.float32)[:, :, None], axis=1)
 
 
+def categorical_target(
+    returns: tf.Tensor, discounts: tf.Tensor, target_logits: tf.Tensor, support: tf.Tensor
+) -> tf.Tensor:
+    """The projected n-step target distribution Proj(R_t + D_t Z), [B, N], no gradient."""
+    target_atoms = returns[:, None] + discounts[:, None] * support[None, :]
+    target = categorical_l2_project(target_atoms, tf.nn.softmax(target_logits), support)
+    return tf.stop_gradient(target)
+
+
+def support_diagnostics(
+    returns: tf.Tensor,
+    discounts: tf.Tensor,
+    target_logits: tf.Tensor,
+    target: tf.Tensor,
+    support: tf.Tensor,
+) -> dict[str, tf.Tensor]:
+    """How well the support holds the targets (batch means, scalars).
+
+    edge_mass: projected target mass on the two edge atoms z_0, z_{N-1}.
+    beyond_support_mass: target mass whose atom R_t + D_t z_j fell outside
+      [vmin, vmax] before projection (clipped onto an edge atom). Zero whenever
+      `networks.value_support`'s bound holds; large when the support is too small.
+    """
+    atoms = returns[:, None] + discounts[:, None] * support[None, :]
+    outside = tf.logical_or(atoms > support[-1], atoms < support[0])
+    probs = tf.nn.softmax(target_logits)
+    return {
+        "edge_mass": tf.reduce_mean(target[:, 0] + target[:, -1]),
+        "beyond_support_mass": tf.reduce_mean(
+            tf.reduce_sum(tf.where(outside, probs, 0.0), axis=-1)
+        ),
+    }
+
+
+def clip_dqda(dqda: tf.Tensor, max_norm: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per-sample L2-norm clip of dQ/da over the action axis (Acme's `clip_norm=True`).
+
+    Returns:
+      (clipped [B, A], fraction of samples whose norm exceeded `max_norm`).
+    """
+    norms = tf.norm(dqda, axis=-1)
+    clipped = tf.clip_by_norm(dqda, max_norm, axes=[-1])
+    return clipped, tf.reduce_mean(tf.cast(norms > max_norm, tf.float32))
+
+
 def distributional_td_loss(
     logits: tf.Tensor,
     returns: tf.Tensor,
@@ -96,9 +141,12 @@ def distributional_td_loss(
     Returns:
       Scalar loss (mean over this replica's batch).
     """
-    target_atoms = returns[:, None] + discounts[:, None] * support[None, :]
-    target = categorical_l2_project(target_atoms, tf.nn.softmax(target_logits), support)
-    target = tf.stop_gradient(target)
+    target = categorical_target(returns, discounts, target_logits, support)
+    return cross_entropy(logits, target)
+
+
+def cross_entropy(logits: tf.Tensor, target: tf.Tensor) -> tf.Tensor:
+    """- mean_b sum_i target_i log softmax(logits)_i."""
     return tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(labels=target, logits=logits))
 
 
@@ -108,5 +156,7 @@ def dpg_loss(q_values: tf.Tensor) -> tf.Tensor:
     Q is the mean of the critic's distribution, sum_i softmax(logits)_i z_i. Its gradient
     with respect to the policy parameters theta is -mean_b dQ/da * dpi_theta/dtheta, the
     DPG of Silver et al. (2014); only the policy's variables are updated with it.
+    The learner applies this gradient in the form -mean_b clip(dQ/da_b) da_b/dtheta
+    (`clip_dqda`), which equals the gradient of this loss when nothing is clipped.
     """
     return -tf.reduce_mean(q_values)

@@ -9,7 +9,8 @@ Three modules, shared by the learner (TensorFlow) and mirrored in numpy for acti
   * `Policy`: LayerNormMLP (Linear -> LayerNorm -> tanh, then Linear -> elu layers) ->
     near-zero-initialised Linear -> tanh, rescaled to the action bounds.
   * `Critic`: [embedding, action] -> LayerNormMLP -> Linear to `num_atoms` logits of a
-    categorical distribution over the fixed support `linspace(vmin, vmax, num_atoms)`.
+    categorical distribution over the fixed support `linspace(vmin, vmax, num_atoms)`,
+    (vmin, vmax) from `value_support` (the config's, or derived from the task).
 
 The torso is trained by the critic loss only; the policy sees a stop-gradient embedding.
 """
@@ -127,12 +128,69 @@ class Policy(snt.Module):
         return self.mlp.ordered_variables() + [self.head.w, self.head.b]
 
 
-class Critic(snt.Module):
-    """Distributional critic: logits over the atoms `support` for Z(s, a)."""
+# Acme's fixed support, used when neither the config nor the reward spec bounds returns.
+FALLBACK_SUPPORT = (-150.0, 150.0)
+# Room left on each side of the return bounds, as a fraction of their span: values at the
+# bound sit inside the support, so mass on the edge atoms means the support is too small.
+SUPPORT_MARGIN = 0.1
 
-    def __init__(self, config: D4PGConfig, name: str | None = "critic"):
+
+def value_support(config: D4PGConfig, env_spec=None) -> tuple[float, float]:
+    """(vmin, vmax) of the critic's support: the config's, else derived from the task.
+
+    The rule: with per-agent-step rewards in [r_lo, r_hi] (the environment's reward
+    spec; dm-control: [0, 1] per raw step, so [0, action_repeat] per agent step) and
+    discount gamma < 1, every discounted return lies in
+
+        [min(r_lo, 0) / (1 - gamma),  max(r_hi, 0) / (1 - gamma)]
+
+    (0 included because an episode may end at once). The n-step target
+    R_t + gamma^m z with R_t <= r_hi (1 - gamma^m) / (1 - gamma) and z in that interval
+    stays in it for any m, so n-step returns need no extra room. The support is this
+    interval widened by `SUPPORT_MARGIN` of its span on each side, e.g. [-10, 110] for
+    dm-control with gamma 0.99 and no action repeat, [-80, 880] with action repeat 8.
+
+    Explicit `config.vmin`/`config.vmax` win. Without reward bounds in the spec (or
+    without a spec) the support is Acme's fixed [-150, 150].
+
+    Raises:
+      ValueError: discount 1 with derived bounds (returns are then unbounded).
+    """
+    if config.vmin is not None and config.vmax is not None:
+        return float(config.vmin), float(config.vmax)
+    rewards = getattr(env_spec, "rewards", None)
+    low, high = getattr(rewards, "minimum", None), getattr(rewards, "maximum", None)
+    if low is None or high is None or not (np.isfinite(low) and np.isfinite(high)):
+        return FALLBACK_SUPPORT
+    if config.discount >= 1.0:
+        raise ValueError(
+            "discount=1 gives no finite bound on returns, so the critic's support cannot "
+            "be derived: set vmin and vmax (e.g. --config.vmin=0 --config.vmax=1000)."
+        )
+    horizon = 1.0 / (1.0 - config.discount)
+    lo, hi = min(float(low), 0.0) * horizon, max(float(high), 0.0) * horizon
+    margin = SUPPORT_MARGIN * max(hi - lo, 1e-6)
+    return lo - margin, hi + margin
+
+
+class Critic(snt.Module):
+    """Distributional critic: logits over the atoms `support` for Z(s, a).
+
+    Args:
+      config: layer sizes, atom count (and vmin/vmax when `support` is None).
+      support: (vmin, vmax); None takes `value_support(config)` (the config's values
+        or the fallback). `make_networks` passes the task-derived support.
+    """
+
+    def __init__(
+        self,
+        config: D4PGConfig,
+        name: str | None = "critic",
+        support: tuple[float, float] | None = None,
+    ):
         super().__init__(name=name)
-        self.support = tf.linspace(float(config.vmin), float(config.vmax), config.num_atoms)
+        vmin, vmax = support if support is not None else value_support(config)
+        self.support = tf.linspace(float(vmin), float(vmax), config.num_atoms)
         self.mlp = LayerNormMLP(config.critic_layers, name="mlp")
         self.head = snt.Linear(config.num_atoms, name="head")
 
@@ -191,7 +249,7 @@ def make_networks(config: D4PGConfig, env_spec, name_prefix: str = "") -> D4PGNe
             act_spec.maximum * np.ones(act_spec.shape),
             name=f"{name_prefix}policy",
         ),
-        critic=Critic(config, name=f"{name_prefix}critic"),
+        critic=Critic(config, name=f"{name_prefix}critic", support=value_support(config, env_spec)),
     )
     dummy_obs = tf.zeros((1,) + tuple(obs_spec.shape), tf.dtypes.as_dtype(obs_spec.dtype))
     dummy_act = tf.zeros((1,) + tuple(act_spec.shape), tf.float32)

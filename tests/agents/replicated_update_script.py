@@ -87,7 +87,16 @@ def main(pixels: bool, clip: bool) -> dict:
     # A small clipping norm so that clipping of the averaged gradient is exercised too.
     results = {}
     if True:
-        overrides.update(clipping=clip, max_gradient_norm=0.05)
+        # Small clips so that both act (global norm of the averaged gradient, per-sample
+        # dQ/da); pixels also go through the random-shift augmentation.
+        overrides.update(
+            clipping=clip,
+            max_gradient_norm=0.05,
+            dqda_clipping=1e-3 if clip else 0.0,
+            from_pixels=pixels,
+            random_shift=pixels,
+            random_shift_pad=2,
+        )
         config = D4PGConfig.from_overrides({**overrides, "batch_size": 2 * PER_REPLICA})
         data = _data(spec, 2 * PER_REPLICA)
         two = D4PGLearner(config, spec, REPL_2, _input_fn(data, PER_REPLICA))
@@ -111,6 +120,11 @@ def main(pixels: bool, clip: bool) -> dict:
             ),
             "metric_diff": max(abs(metrics_two[k] - metrics_one[k]) for k in metrics_one),
             "steps": [two.num_steps, one.num_steps],
+            "clip_fractions": [
+                metrics_one["critic_clipped"],
+                metrics_one["policy_clipped"],
+                metrics_one["dqda_clip_fraction"],
+            ],
             "replicas": [REPL_2.num_replicas, REPL_1.num_replicas],
         }
     return results

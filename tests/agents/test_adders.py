@@ -179,15 +179,22 @@ def test_add_first_after_an_unfinished_episode_drops_it():
         for action, step in zip(actions, steps[1:]):
             adder.add(action, step)
         adder.flush()
-        # Episode 0 produced its one complete 2-step window before being cut; episode 1 has
-        # two items. Nothing links the two episodes.
-        samples = list(
-            client.sample(
-                REPLAY_TABLE, num_samples=3, emit_timesteps=False, unpack_as_table_signature=True
-            )
+        # Episode 0 produced exactly its one complete 2-step window (t=0, seen at t=2)
+        # before being cut; its buffered t=1, t=2 create nothing. Episode 1 has two items.
+        assert client.server_info()[REPLAY_TABLE].current_size == 3
+        # Read everything back through a dataset with a sampling timeout: never blocks,
+        # and ends once the queue is empty.
+        dataset = reverb.TrajectoryDataset.from_table_signature(
+            server_address=f"localhost:{server.port}",
+            table=REPLAY_TABLE,
+            max_in_flight_samples_per_worker=1,
+            rate_limiter_timeout_ms=2000,
         )
-        for sample in samples:
-            item = sample.data
+        items = [sample.data for sample in dataset]
+        assert len(items) == 3
+        starts = sorted((int(i.observation[1]), int(i.observation[0])) for i in items)
+        assert starts == [(0, 0), (1, 0), (1, 1)]  # (episode, t)
+        for item in items:  # Nothing links the two episodes.
             assert item.observation[1] == item.next_observation[1]
     finally:
         server.stop()

@@ -13,8 +13,9 @@ def test_published_defaults():
     c = D4PGConfig()
     assert (c.discount, c.batch_size, c.n_step, c.sigma) == (0.99, 256, 5, 0.3)
     assert c.policy_layers == (256, 256, 256) and c.critic_layers == (512, 512, 256)
-    assert (c.num_atoms, c.vmin, c.vmax) == (51, -150.0, 150.0)
+    assert (c.num_atoms, c.vmin, c.vmax) == (51, None, None)  # Derived from the task.
     assert (c.policy_lr, c.critic_lr, c.target_update_period) == (1e-4, 1e-4, 100)
+    assert (c.clipping, c.max_gradient_norm, c.dqda_clipping) == (True, 40.0, 1.0)  # Acme.
     assert (c.max_replay_size, c.min_replay_size, c.samples_per_insert) == (1_000_000, 1000, 32.0)
 
 
@@ -68,3 +69,34 @@ def test_json_round_trip():
 def test_overrides_apply_on_top_of_a_base():
     base = D4PGConfig.from_overrides({"batch_size": 64})
     assert D4PGConfig.from_overrides({"sigma": "0.1"}, base=base).batch_size == 64
+
+
+@pytest.mark.parametrize(
+    "task, pixels, stack, repeat",
+    [
+        ("cartpole:swingup", True, 3, 8),
+        ("finger:spin", True, 3, 2),
+        ("walker:walk", True, 3, 2),
+        ("cheetah:run", True, 3, 4),
+        ("ball_in_cup:catch", True, 3, 4),
+        ("cartpole:swingup", False, 1, 1),
+    ],
+)
+def test_pixel_runs_default_to_frame_stack_3_and_the_domain_action_repeat(
+    task, pixels, stack, repeat
+):
+    config = D4PGConfig(from_pixels=pixels)
+    assert config.resolved_frame_stack() == stack
+    assert config.resolved_action_repeat(task) == repeat
+    explicit = D4PGConfig(from_pixels=pixels, action_repeat=5)
+    assert explicit.resolved_action_repeat(task) == 5
+
+
+def test_vmin_and_vmax_come_together_and_none_round_trips():
+    with pytest.raises(ValueError, match="set both vmin and vmax"):
+        D4PGConfig.from_overrides({"vmin": "-10"})
+    config = D4PGConfig.from_overrides({"vmin": "none", "vmax": "None", "frame_stack": "none"})
+    assert config.vmin is None and config.frame_stack is None
+    assert D4PGConfig.from_json(config.to_json()) == config
+    with pytest.raises(ValueError, match="frame_stack > 1 needs from_pixels"):
+        D4PGConfig.from_overrides({"frame_stack": "3"})

@@ -63,13 +63,20 @@ def test_categorical_projection_matches_numpy_reference(num_atoms, vmin, vmax):
 def test_td_loss_is_cross_entropy_to_projected_target():
     support = tf.linspace(-2.0, 2.0, 5)
     logits = tf.constant([[0.1, 0.2, 0.3, 0.2, 0.1]])
-    target_logits = tf.constant([[5.0, 0.0, 0.0, 0.0, 0.0]])
+    # Target distribution: 0.8 on z = -2 and 0.2 on z = 1 (softmax of these logits).
+    target_logits = tf.constant([[np.log(0.8), -50.0, -50.0, np.log(0.2), -50.0]])
     loss = losses.distributional_td_loss(
+        logits, tf.constant([1.0]), tf.constant([0.5]), target_logits, support
+    )
+    # Atoms move to R + D z: -2 -> 0 (all on index 2), 1 -> 1.5 (half on 1.0, half on 2.0).
+    log_p = np.log(tf.nn.softmax(logits).numpy()[0])
+    expected = -(0.8 * log_p[2] + 0.1 * log_p[3] + 0.1 * log_p[4])
+    np.testing.assert_allclose(loss.numpy(), expected, rtol=1e-5)
+    # With D = 0 the target distribution would play no part: a different loss.
+    d0 = losses.distributional_td_loss(
         logits, tf.constant([1.0]), tf.constant([0.0]), target_logits, support
     )
-    # With D = 0 every target atom sits at R = 1: all mass on the atom 1.0 (index 3).
-    expected = -np.log(tf.nn.softmax(logits).numpy()[0, 3])
-    np.testing.assert_allclose(loss.numpy(), expected, rtol=1e-5)
+    assert abs(float(d0) - expected) > 1e-2
 
 
 def test_dpg_loss_gradient_follows_the_critic():

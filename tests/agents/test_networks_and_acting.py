@@ -6,7 +6,8 @@ import reverb
 import tensorflow as tf
 from dm_env import specs
 
-from agents.d4pg import builder, networks
+import replication
+from agents.d4pg import builder, networks, variables
 from agents.d4pg.acting import D4PGActor
 from agents.d4pg.config import D4PGConfig
 from agents.d4pg.numpy_policy import NumpyPolicy
@@ -113,21 +114,72 @@ def test_actor_pulls_published_weights_every_k_steps():
     try:
         address = f"localhost:{server.port}"
         client = reverb.Client(address)
-        actor = builder.make_actor(config, FEATURES, address, seed=0, with_adder=False)
+        actor = builder.make_actor(
+            config, FEATURES, address, seed=0, with_noise=False, with_adder=False
+        )
         actor.update()  # Nothing published yet: returns without blocking.
         assert actor.weights_version == -1
         nets = networks.make_networks(config, FEATURES)
-        weights = [v.numpy() for v in nets.acting_variables()]
-        from agents.d4pg import variables
+        versions = {}
+        for version, seed in ((7, 1), (8, 2)):  # Two different weight sets.
+            _randomise(nets.acting_variables(), seed=seed)
+            versions[version] = [v.numpy() for v in nets.acting_variables()]
+        obs = np.random.default_rng(0).normal(0, 1, (4, 7)).astype(np.float32)
 
-        variables.publish(client, 7, weights)
+        def expected(version):
+            policy = NumpyPolicy(config, pixels=False, action_low=-1.0, action_high=1.0)
+            policy.set_weights(versions[version])
+            return np.stack([policy(o) for o in obs])
+
+        def acted():
+            return np.stack([actor.select_action(o) for o in obs])
+
+        assert not np.allclose(expected(7), expected(8), atol=1e-3)
+        variables.publish(client, 7, versions[7])
         actor.update(wait=True)
         assert actor.weights_version == 7
-        variables.publish(client, 8, weights)
+        np.testing.assert_array_equal(acted(), expected(7))
+        variables.publish(client, 8, versions[8])
         actor.update()  # Calls 2, 3 of this period: not due yet.
         actor.update()
         assert actor.weights_version == 7
+        np.testing.assert_array_equal(acted(), expected(7))  # Still the old weights.
         actor.update()  # Due.
         assert actor.weights_version == 8
+        np.testing.assert_array_equal(acted(), expected(8))  # The new ones, applied.
     finally:
         server.stop()
+
+
+def test_learner_to_reverb_to_actor_acts_as_the_learners_policy():
+    """The weights an actor pulls through the "params" table give the learner's actions."""
+    config = D4PGConfig.from_overrides(
+        {**CONFIG.to_dict(), "batch_size": 4, "min_replay_size": 1, "samples_per_insert": 0}
+    )
+    for spec in (FEATURES, PIXELS):
+        server = builder.make_replay_server(config, spec)
+        try:
+            address = f"localhost:{server.port}"
+            learner = builder.make_learner(config, spec, address, replication.make("cpu"), None)
+            actor = builder.make_actor(config, spec, address, seed=0, with_noise=False)
+            rng = np.random.default_rng(3)
+            shape = (6,) + spec.observations.shape
+            if spec.observations.dtype == np.uint8:
+                obs = rng.integers(0, 256, shape).astype(np.uint8)
+            else:
+                obs = rng.normal(0, 2, shape).astype(np.float32)
+            nets = learner.networks
+            previous = None
+            for version in range(3):
+                if version:  # New weights, published as the learner does.
+                    _randomise(nets.acting_variables(), seed=10 + version)
+                    learner.publish_variables()
+                actor.update(wait=True)
+                want = nets.policy(nets.torso(tf.constant(obs))).numpy()
+                got = np.stack([actor.select_action(o) for o in obs])
+                np.testing.assert_allclose(got, want, atol=1e-5)
+                if previous is not None:
+                    assert not np.allclose(got, previous, atol=1e-3)
+                previous = got
+        finally:
+            server.stop()

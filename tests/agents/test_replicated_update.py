@@ -39,3 +39,6 @@ def test_cpu2_update_equals_cpu_update_on_the_same_data():
             assert r["max_param_change"] > 1e-4, where  # The networks really moved...
             assert r["max_param_diff"] < 1e-5, where  # ...and identically.
             assert r["metric_diff"] < 1e-5, where
+            if clip == "clip=True":  # Both kinds of clip acted in the last update.
+                critic, _, dqda = r["clip_fractions"]
+                assert critic == 1.0 and dqda > 0.5, where

@@ -155,3 +155,14 @@ def test_broken_renderer_gives_one_clear_error():
             assert needle in out, f"{case}: {needle!r} missing from {out!r}"
     # The import-time fallback must not leak its temporary settings to child processes.
     assert "ENV egl osmesa" in outputs["import time"]
+
+
+def test_reward_spec_declares_per_agent_step_bounds():
+    spec = environments.make("walker:walk", action_repeat=3).reward_spec()
+    assert (spec.minimum, spec.maximum, spec.dtype) == (0.0, 3.0, np.float32)
+    env = environments.make("cartpole:balance", action_repeat=3, seed=0)
+    env.reset()
+    rewards = [env.step(np.zeros(1, np.float32)).reward for _ in range(20)]
+    assert max(rewards) <= 3.0 and max(rewards) > 1.0  # Summed over 3 raw steps.
+    lqr = environments.make("lqr:lqr_2_1").reward_spec()
+    assert not hasattr(lqr, "maximum")  # Unbounded below: no bounds declared.

@@ -1,0 +1,294 @@
+"""The D4PG learner's update, checked against an independent reference.
+
+The reference re-implements the networks with plain TensorFlow ops on copies of the
+weights (no Sonnet, no learner code), projects the target with the numpy C51 loops of
+`test_losses`, takes the policy gradient through Acme's surrogate loss
+0.5 |stop(a + clip(dQ/da)) - a|^2 (a different formula from the learner's
+output-gradient form, equal in value), and clips and applies Adam in numpy.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from dm_env import specs
+
+import replication
+from agents.d4pg.config import D4PGConfig
+from agents.d4pg.learning import D4PGLearner, Transition
+from environments import EnvironmentSpec
+from tests.agents.test_losses import _reference_projection
+
+pytestmark = pytest.mark.timeout(240)
+
+OBS, ACT, BATCH = 3, 2, 8
+SPEC = EnvironmentSpec(
+    observations=specs.Array((OBS,), np.float32),
+    actions=specs.BoundedArray((ACT,), np.float32, -1.0, 1.0),
+    rewards=specs.Array((), np.float32),
+    discounts=specs.BoundedArray((), np.float32, 0.0, 1.0),
+)
+BASE = {
+    "policy_layers": "8,6",
+    "critic_layers": "8,6",
+    "num_atoms": 11,
+    "vmin": -5.0,
+    "vmax": 5.0,
+    "batch_size": BATCH,
+    "policy_lr": 1e-2,
+    "critic_lr": 3e-2,
+    "target_update_period": 100,
+    "jit_compile": False,
+}
+LN_EPS = 1e-5
+ADAM_EPS = 1e-8
+
+
+def _data(seed=0, rows=BATCH) -> Transition:
+    rng = np.random.default_rng(seed)
+    return Transition(
+        rng.normal(0, 1, (rows, OBS)).astype(np.float32),
+        rng.uniform(-1, 1, (rows, ACT)).astype(np.float32),
+        rng.normal(0, 3, rows).astype(np.float32),  # Some targets leave [-5, 5].
+        rng.choice([0.0, 0.9, 0.95], rows).astype(np.float32),  # Nonzero: Z matters.
+        rng.normal(0, 1, (rows, OBS)).astype(np.float32),
+    )
+
+
+def _fixed_input(data: Transition):
+    def input_fn(ctx):
+        return tf.data.Dataset.from_tensors(data).repeat()
+
+    return input_fn
+
+
+def _learner(overrides, data, spec=SPEC, repl=None) -> D4PGLearner:
+    config = D4PGConfig.from_overrides({**BASE, **overrides})
+    return D4PGLearner(config, spec, repl or replication.make("cpu"), _fixed_input(data))
+
+
+def _randomise(variables, seed, scale=0.6):
+    rng = np.random.default_rng(seed)
+    for v in variables:
+        v.assign(rng.normal(0.0, scale, v.shape).astype(np.float32))
+
+
+# ----------------------------------------------------------------- reference maths
+
+
+def _mlp(x, weights):
+    """LayerNormMLP on a list [w0, b0, scale, offset, (w, b)...] of tf tensors."""
+    w0, b0, scale, offset, *rest = weights
+    h = x @ w0 + b0
+    mean = tf.reduce_mean(h, axis=-1, keepdims=True)
+    var = tf.reduce_mean(tf.square(h - mean), axis=-1, keepdims=True)
+    h = tf.tanh((h - mean) / tf.sqrt(var + LN_EPS) * scale + offset)
+    for i in range(0, len(rest), 2):
+        h = tf.nn.elu(h @ rest[i] + rest[i + 1])
+    return h
+
+
+def _policy(obs, p):  # Actions in [-1, 1]: the affine rescaling is the identity.
+    return tf.tanh(_mlp(obs, p[:-2]) @ p[-2] + p[-1])
+
+
+def _critic(obs, action, c):
+    return _mlp(tf.concat([obs, action], -1), c[:-2]) @ c[-2] + c[-1]
+
+
+def _split(arrays):
+    """`get_variables(["all"])` of a feature learner: 8 policy arrays, then 8 critic."""
+    return arrays[:8], arrays[8:]
+
+
+def _reference_update(config, online, target, data):
+    """Expected metrics and Adam moments (m) / new parameters after ONE update."""
+    support = np.linspace(config.vmin, config.vmax, config.num_atoms)
+    p_on, c_on = ([tf.Variable(a.astype(np.float64)) for a in part] for part in _split(online))
+    p_tg, c_tg = ([tf.constant(a.astype(np.float64)) for a in part] for part in _split(target))
+    obs, act, rew, disc, nxt = (np.asarray(x, np.float64) for x in data)
+
+    next_logits = _critic(nxt, _policy(nxt, p_tg), c_tg).numpy()
+    next_probs = np.exp(next_logits - next_logits.max(-1, keepdims=True))
+    next_probs /= next_probs.sum(-1, keepdims=True)
+    atoms = rew[:, None] + disc[:, None] * support[None, :]
+    projected = _reference_projection(atoms, next_probs, support)
+
+    with tf.GradientTape() as tape:
+        logits = _critic(obs, act, c_on)
+        log_probs = logits - tf.reduce_logsumexp(logits, -1, keepdims=True)
+        critic_loss = -tf.reduce_mean(tf.reduce_sum(projected * log_probs, -1))
+    critic_grads = [g.numpy() for g in tape.gradient(critic_loss, c_on)]
+
+    with tf.GradientTape(persistent=True) as tape:
+        actions = _policy(obs, p_on)
+        tape.watch(actions)
+        logits = _critic(obs, actions, c_on)
+        q = tf.reduce_sum(tf.nn.softmax(logits) * support, -1)
+    dqda = tape.gradient(q, actions).numpy()
+    norms = np.linalg.norm(dqda, axis=-1)
+    clipped = np.where(
+        (norms > config.dqda_clipping)[:, None],
+        dqda * (config.dqda_clipping / np.maximum(norms, 1e-30))[:, None],
+        dqda,
+    )
+    with tf.GradientTape() as tape:
+        actions = _policy(obs, p_on)
+        surrogate = tf.reduce_mean(
+            0.5 * tf.reduce_sum(tf.square(tf.stop_gradient(actions + clipped) - actions), -1)
+        )
+    policy_grads = [g.numpy() for g in tape.gradient(surrogate, p_on)]
+
+    def clip(grads):
+        norm = np.sqrt(sum(np.sum(g**2) for g in grads))
+        scale = min(1.0, config.max_gradient_norm / norm)
+        return [g * scale for g in grads], norm
+
+    critic_grads, critic_norm = clip(critic_grads)
+    policy_grads, policy_norm = clip(policy_grads)
+
+    def adam(params, grads, lr):  # First step: m_hat = g, v_hat = g^2.
+        return [p.numpy() - lr * g / (np.sqrt(g * g) + ADAM_EPS) for p, g in zip(params, grads)]
+
+    next_atoms_outside = (atoms > support[-1]) | (atoms < support[0])
+    metrics = {
+        "critic_loss": critic_loss.numpy(),
+        "policy_loss": -np.mean(q.numpy()),
+        "q_mean": np.mean(q.numpy()),
+        "critic_grad_norm": critic_norm,
+        "policy_grad_norm": policy_norm,
+        "dqda_clip_fraction": np.mean(norms > config.dqda_clipping),
+        "edge_mass": np.mean(projected[:, 0] + projected[:, -1]),
+        "beyond_support_mass": np.mean(np.sum(np.where(next_atoms_outside, next_probs, 0), -1)),
+    }
+    moments = {"policy": [0.1 * g for g in policy_grads], "critic": [0.1 * g for g in critic_grads]}
+    new_params = adam(p_on, policy_grads, config.policy_lr) + adam(
+        c_on, critic_grads, config.critic_lr
+    )
+    return metrics, moments, new_params, norms
+
+
+def _moments_in_all_order(learner, group):
+    """The Adam first moments of `group`, listed in `get_variables(["all"])` order."""
+    nets = learner.networks
+    if group == "policy":
+        opt, params = learner._policy_optimizer.optimizer, nets.policy_variables()
+    else:
+        opt, params = learner._critic_optimizer.optimizer, nets.critic_variables()
+    by_ref = {p.ref(): m.numpy() for p, m in zip(params, opt.m)}
+    ordered = (
+        nets.policy.ordered_variables()
+        if group == "policy"
+        else (nets.critic.mlp.ordered_variables() + [nets.critic.head.w, nets.critic.head.b])
+    )
+    return [by_ref[v.ref()] for v in ordered]
+
+
+def test_one_update_matches_the_independent_reference():
+    data = _data()
+    # Pick dqda_clipping between the smallest and largest per-sample |dQ/da| so that the
+    # clip acts on some samples and not others; max_gradient_norm so the critic is clipped.
+    probe = _learner({}, data)
+    _randomise(probe.networks.all_variables(), seed=1)
+    weights = probe.get_variables(["all"])[0]
+    _, _, _, norms = _reference_update(probe._config, weights, weights, data)
+    dqda_clip = float(np.median(norms))
+    assert norms.min() < dqda_clip < norms.max()
+
+    learner = _learner({"dqda_clipping": dqda_clip, "max_gradient_norm": 0.5}, data)
+    for var, value in zip(learner.networks.all_variables(), weights):
+        var.assign(value)
+    metrics = learner.step()  # Update 0 first copies online -> target.
+    expected, moments, new_params, _ = _reference_update(learner._config, weights, weights, data)
+
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=2e-4, abs=1e-6), key
+    assert 0 < metrics["dqda_clip_fraction"] < 1
+    assert metrics["critic_clipped"] == 1.0 and expected["critic_grad_norm"] > 0.5
+    assert metrics["beyond_support_mass"] > 0 and metrics["edge_mass"] > 0
+    for group in ("policy", "critic"):
+        for got, want in zip(_moments_in_all_order(learner, group), moments[group]):
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-7, err_msg=group)
+    for got, want in zip(learner.get_variables(["all"])[0], new_params):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_target_networks_change_exactly_every_period():
+    data = _data(seed=3)
+    learner = _learner({"target_update_period": 3}, data)
+    _randomise(learner.target_networks.all_variables(), seed=5)  # Differs from online.
+    previous_target = learner.get_variables(["target"])[0]
+    online_before = learner.get_variables(["all"])[0]
+    changed_at = []
+    for call in range(1, 8):
+        learner.step()
+        target = learner.get_variables(["target"])[0]
+        if any(not np.array_equal(a, b) for a, b in zip(target, previous_target)):
+            changed_at.append(call)
+            # The copy is of the online weights as they were before this update.
+            for a, b in zip(target, online_before):
+                np.testing.assert_array_equal(a, b)
+        previous_target = target
+        online_before = learner.get_variables(["all"])[0]
+    assert changed_at == [1, 4, 7]  # Updates 0, 3, 6 start with a copy.
+
+
+PIXELS = EnvironmentSpec(
+    observations=specs.Array((10, 10, 3), np.uint8),
+    actions=specs.BoundedArray((ACT,), np.float32, -1.0, 1.0),
+    rewards=specs.Array((), np.float32),
+    discounts=specs.BoundedArray((), np.float32, 0.0, 1.0),
+)
+PIXEL_OVERRIDES = {
+    "from_pixels": True,
+    "conv_channels": "4",
+    "conv_kernels": "3",
+    "conv_strides": "2",
+    "torso_output_size": 6,
+    "random_shift_pad": 2,
+}
+
+
+def _pixel_data(seed=0) -> Transition:
+    rng = np.random.default_rng(seed)
+    base = _data(seed)
+    frames = rng.integers(0, 256, (2, BATCH, 10, 10, 3)).astype(np.uint8)
+    return Transition(frames[0], base.action, base.reward, base.discount, frames[1])
+
+
+def test_the_policy_loss_leaves_critic_and_torso_bit_identical():
+    """Two learners differing only in their ONLINE policy make the same critic update.
+
+    Targets are frozen (no copy at update 0: the step counter starts at 1), so the
+    online policy reaches nothing but the policy loss. Any leak of that loss into the
+    critic or the torso (e.g. a missing stop-gradient) makes the two critics differ.
+    """
+    data = _pixel_data()
+    learners = [_learner(PIXEL_OVERRIDES, data, spec=PIXELS) for _ in range(2)]
+    shared = learners[0].get_variables(["all"])[0]
+    for i, learner in enumerate(learners):
+        for var, value in zip(learner.networks.all_variables(), shared):
+            var.assign(value)
+        _randomise(learner.target_networks.all_variables(), seed=9)
+        _randomise(learner.networks.policy_variables(), seed=20 + i)
+        learner._num_steps.assign(1)
+    (critic_before,) = learners[0].get_variables(["critic"])
+    for learner in learners:
+        learner.step()
+        learner.step()
+    (a_critic,), (b_critic,) = (x.get_variables(["critic"]) for x in learners)
+    assert len(a_critic) > 8  # Torso (conv, linear, norm) and critic variables.
+    for a, b in zip(a_critic, b_critic):
+        np.testing.assert_array_equal(a, b)
+    assert all(not np.array_equal(a, c) for a, c in zip(a_critic, critic_before))  # Trained.
+    (a_policy,), (b_policy,) = (x.get_variables(["policy"]) for x in learners)
+    assert any(not np.array_equal(a, b) for a, b in zip(a_policy, b_policy))
+
+
+def test_same_seed_same_networks_different_seed_different():
+    data = _data()
+    first = _learner({"seed": 4}, data).get_variables(["all"])[0]
+    again = _learner({"seed": 4}, data).get_variables(["all"])[0]
+    other = _learner({"seed": 5}, data).get_variables(["all"])[0]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(first, other))
