@@ -86,6 +86,7 @@ def test_any_column_and_config_groups(tmp_path):
     mean, low, high = _hand([LOSSES[s] for s in (0, 1, 2)])
     np.testing.assert_allclose(by_group["cartpole:swingup sigma=0.3 (3 runs)"]["mean"], mean)
     np.testing.assert_allclose(by_group["cartpole:swingup sigma=0.3 (3 runs)"]["low"], low)
+    np.testing.assert_allclose(by_group["cartpole:swingup sigma=0.3 (3 runs)"]["high"], high)
     single = by_group["cartpole:swingup sigma=0.5 (1 run)"]
     np.testing.assert_allclose(single["mean"], LOSSES[0])
     np.testing.assert_allclose(single["low"], single["high"])
