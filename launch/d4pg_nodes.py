@@ -276,6 +276,8 @@ def evaluator(
                         "return_std": std,
                         "episodes": episodes,
                         "learner_steps": evaluated,
+                        # Actor steps (replay inserts) that made this evaluation due.
+                        "replay_inserts": steps,
                     },
                 )
                 ctx.log(f"eval at learner step {evaluated}: return {mean:.1f} +- {std:.1f}")
