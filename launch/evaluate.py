@@ -109,12 +109,16 @@ def run_episodes(
     start = time.perf_counter()
     try:
         for seed in seeds:
+            t0 = time.perf_counter()
             env, spec = loaded.make_environment(task, seed)
+            env_seconds += time.perf_counter() - t0
             actor = D4PGActor(loaded.policy, spec.actions, variable_client=None, sigma=0.0)
             returns = []
             for episode in range(episodes):
                 record = writer is not None and not per_seed and episode == 0
+                t0 = time.perf_counter()
                 timestep = env.reset()
+                env_seconds += time.perf_counter() - t0
                 total = 0.0
                 if record:
                     writer.append_data(_frame(env, total))
