@@ -163,6 +163,10 @@ def test_snapshot_evaluation_equals_the_learner_path(run):
     assert result["learner_step"] == step
     assert result["mean"] == pytest.approx(expected, abs=1e-6)
     assert result["episodes"] == 2 and result["steps"] == 2 * 200
+    # Another task with the same specs.
+    other = evaluate.evaluate(run_dir, task="cartpole:swingup", episodes=1, seeds=[7])
+    assert (other["task"], other["trained_on"]) == ("cartpole:swingup", s.TASK)
+    assert other["mean"] != result["mean"]
 
 
 def test_evaluate_json_video_and_quiet_console(run, tmp_path):
