@@ -189,15 +189,16 @@ class SummaryWriter:
     _SCALARS = ("actors_blocked", "learner_blocked", "replay_inserts_per_s", "replay_samples_per_s")
 
     def __init__(self, logdir: str):
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-        self._tf = tf
-        self._writer = tf.summary.create_file_writer(logdir)
+        self._logdir = logdir
+        self._writer = None  # Made at the first report: TensorFlow initialises no earlier.
 
     def write(self, report: dict[str, Any]) -> None:
         if not report:
             return
-        tf = self._tf
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(self._logdir)
         with self._writer.as_default(step=int(report.get("replay_inserts", 0))):
             for name in self._SCALARS:
                 if name in report:

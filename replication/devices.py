@@ -31,6 +31,8 @@ def ensure_logical_cpus(count: int) -> list[str]:
             )
         except RuntimeError as error:
             existing = len(tf.config.list_logical_devices("CPU"))
+            if existing >= count:  # Initialised already, with enough devices (e.g. 1 for 1).
+                return [d.name for d in tf.config.list_logical_devices("CPU")[:count]]
             raise DevicesAlreadyInitializedError(
                 f"Cannot create {count} logical CPU devices: TensorFlow already "
                 f"initialised its devices in this process with {existing} logical "

@@ -1,9 +1,15 @@
 """Spec parsing and the errors users see for bad specs or late device requests."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import tensorflow as tf
 
 import replication
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize(
@@ -71,3 +77,13 @@ def test_replicas_share_one_process():
     assert replication.make("cpu:2").num_replicas == 2
     assert replication.make("cpu:4").num_replicas == 4
     assert replication.make("cpu").num_replicas == 1
+
+
+def test_one_replica_after_initialisation_is_fine():
+    # A process whose devices another component initialised first (e.g. a node of the
+    # threads backend writing TensorBoard) can still make a one-replica Replicator.
+    code = "import tensorflow as tf, replication; tf.constant(1.0) + 1; replication.make('cpu')"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
