@@ -106,6 +106,8 @@ def test_launch_is_quiet_snapshots_and_reports(run):
     with open(os.path.join(run_dir, "metrics.csv")) as f:
         rows = list(csv.DictReader(f))
     assert rows and all(r["bottleneck"] for r in rows[1:])
+    events = os.listdir(os.path.join(run_dir, "tensorboard", "replay"))
+    assert any(e.startswith("events.out.tfevents") for e in events)
     # Evaluations were due every 400 actor steps (replay inserts).
     with open(os.path.join(run_dir, "metrics", "evaluator.jsonl")) as f:
         evals = [r for r in map(json.loads, f) if r.get("kind") == "eval"]
@@ -266,3 +268,29 @@ def test_train_console_is_quiet(tmp_path):
     assert code == 0, out + err
     assert "step 2/2" in out
     _assert_quiet(out, err)
+
+
+def _settings(*flags, tmp_path):
+    argv = ["launch", "d4pg", "--run-dir", str(tmp_path / "run"), *flags]
+    args = cli._build_parser(argv).parse_args(argv)
+    return cli._resolve_d4pg(args, {})[0]
+
+
+def test_evaluation_schedule_flags(tmp_path, capsys):
+    assert _settings("--steps", "200000", tmp_path=tmp_path).eval_every_steps == 10_000
+    assert _settings("--steps", "5000", tmp_path=tmp_path).eval_every_steps == 1000
+    settings = _settings("--eval-every-steps", "300", tmp_path=tmp_path)
+    assert (settings.eval_every_steps, settings.keep_snapshots) == (300, 3)
+    settings = _settings("--eval-every", "7", "--keep-snapshots", "9", tmp_path=tmp_path)
+    assert (settings.eval_every_steps, settings.eval_every_s, settings.keep_snapshots) == (
+        None,
+        7.0,
+        9,
+    )
+    run_dir = str(tmp_path / "run")
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--eval-every", "5",
+                     "--eval-every-steps", "10"]) == 2  # fmt: skip
+    assert "not both" in _error(capsys)
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--keep-snapshots", "0"]) == 2
+    assert "--keep-snapshots must be at least 1" in _error(capsys)
+    assert not os.path.exists(run_dir)
