@@ -245,7 +245,7 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         help="plot runs (mean and 95%% band over seeds) vs actor steps and wall time",
         allow_abbrev=False,
         description="Plots runs grouped by task and config (runs differing only by seed are "
-        "averaged, with a 95%% confidence band), against actor steps and wall time.",
+        "averaged, with a 95% confidence band), against actor steps and wall time.",
     )
     plot.add_argument("runs", nargs="*", metavar="RUN", help="run directories")
     plot.add_argument("--run-dir", default=None, help="one run (same as a single RUN)")
