@@ -4,8 +4,13 @@
     replicator launch d4pg --env walker:walk --actors 8 --steps 2000000 \\
         --learner-replicas cpu:2 --run-dir runs/walker --config.batch_size=256
     replicator evaluate --run-dir runs/walker --episodes 10 --video walker.mp4
-    replicator plot --run-dir runs/walker
+    replicator evaluate --run-dir runs/walker --all-snapshots --seeds 1 2 3
+    replicator export --run-dir runs/walker --out walker_policy
+    replicator plot runs/walker-seed* --metric eval_return
     replicator list-tasks
+
+TensorFlow's, XLA's and Reverb's C++ log lines go to log files, not the console;
+`replicator --verbose COMMAND` shows them.
 
 Usage errors print one line saying what to do and exit with status 2; nothing in an
 existing run directory is touched when a launch is refused.
@@ -43,6 +48,11 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
 
     defaults = d4pg_program.D4PGProgramSettings()
     parser = _Parser(prog=_PROG, description=__doc__.split("\n")[0], allow_abbrev=False)
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's, XLA's and Reverb's C++ log lines on the console",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
@@ -121,11 +131,26 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         "--replay-port", type=int, default=0, help="replay server port (default: any free port)"
     )
     d4pg.add_argument(
+        "--eval-every-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="actor steps between evaluations (default: 1/20 of --steps, at least 1000)",
+    )
+    d4pg.add_argument(
         "--eval-every",
         type=float,
-        default=defaults.eval_every_s,
+        default=None,
         metavar="SECONDS",
-        help="seconds between evaluations (default: %(default)s)",
+        help="schedule evaluations by wall-clock seconds instead of actor steps",
+    )
+    d4pg.add_argument(
+        "--keep-snapshots",
+        type=int,
+        default=defaults.keep_snapshots,
+        metavar="N",
+        help="policy snapshots (RUN/snapshots/step_N, written with each learner checkpoint) "
+        "to keep (default: %(default)s)",
     )
     d4pg.add_argument(
         "--eval-episodes",
@@ -151,25 +176,94 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     d4pg.set_defaults(func=_launch_d4pg)
 
     evaluate = commands.add_parser(
-        "evaluate", help="evaluate a run's latest checkpoint", allow_abbrev=False
+        "evaluate",
+        help="evaluate a policy snapshot (no learner, no replay server)",
+        allow_abbrev=False,
+        description="Evaluates a policy snapshot without exploration noise: the latest of a "
+        "run, --step N of a run, or --snapshot DIR.",
     )
-    evaluate.add_argument("--run-dir", required=True)
-    evaluate.add_argument("--env", default=None, help="task (default: the run's own)")
-    evaluate.add_argument("--episodes", type=int, default=10)
+    evaluate.add_argument("--run-dir", default=None, help="a D4PG run directory")
+    evaluate.add_argument(
+        "--step", type=int, default=None, help="learner step of a kept snapshot (default: latest)"
+    )
+    evaluate.add_argument(
+        "--snapshot", default=None, metavar="DIR", help="a snapshot directory (replicator export)"
+    )
+    evaluate.add_argument(
+        "--all-snapshots",
+        action="store_true",
+        help="evaluate every kept snapshot of --run-dir and write a CSV (see --out)",
+    )
+    evaluate.add_argument(
+        "--out",
+        default=None,
+        metavar="CSV",
+        help="CSV of --all-snapshots (default: RUN_DIR/snapshot_returns.csv)",
+    )
+    evaluate.add_argument(
+        "--env", default=None, help="task (default: the snapshot's own; same specs needed)"
+    )
+    evaluate.add_argument(
+        "--episodes", type=int, default=10, help="episodes per seed (default: %(default)s)"
+    )
+    evaluate.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="SEED",
+        help="environment seeds, --episodes each (default: 12345)",
+    )
+    evaluate.add_argument("--seed", type=int, default=None, help=argparse.SUPPRESS)
     evaluate.add_argument(
         "--video",
         default=None,
         metavar="OUT.mp4|OUT.gif",
-        help="render the first episode into this file",
+        help="render the first episode into this file, its return written on the frames",
     )
-    evaluate.add_argument("--seed", type=int, default=12345)
+    evaluate.add_argument(
+        "--json", action="store_true", help="print one machine-readable JSON line"
+    )
     evaluate.set_defaults(func=_evaluate)
 
-    plot = commands.add_parser(
-        "plot", help="plot evaluation return vs steps and time", allow_abbrev=False
+    export = commands.add_parser(
+        "export",
+        help="write a policy snapshot (TF SavedModel) of a run",
+        allow_abbrev=False,
+        description="Writes a self-contained TF SavedModel of a run's policy: "
+        "tf.saved_model.load(OUT).act(observations) -> actions.",
     )
-    plot.add_argument("--run-dir", required=True)
-    plot.add_argument("--out", default=None, help="PNG path (default: RUN_DIR/eval_return.png)")
+    export.add_argument("--run-dir", required=True)
+    export.add_argument(
+        "--step", type=int, default=None, help="learner step of a kept checkpoint (default: latest)"
+    )
+    export.add_argument("--out", required=True, metavar="DIR", help="a new directory")
+    export.set_defaults(func=_export)
+
+    plot = commands.add_parser(
+        "plot",
+        help="plot runs (mean and 95%% band over seeds) vs actor steps and wall time",
+        allow_abbrev=False,
+        description="Plots runs grouped by task and config (runs differing only by seed are "
+        "averaged, with a 95% confidence band), against actor steps and wall time.",
+    )
+    plot.add_argument("runs", nargs="*", metavar="RUN", help="run directories")
+    plot.add_argument("--run-dir", default=None, help="one run (same as a single RUN)")
+    plot.add_argument(
+        "--metric",
+        default="eval_return",
+        help="a metrics.csv column, e.g. critic_loss (default: %(default)s)",
+    )
+    plot.add_argument(
+        "--group-by",
+        default=None,
+        metavar="FIELDS",
+        help="group runs by these fields instead of task and config: task, config, "
+        "config.KEY (comma-separated); needed to plot several tasks together",
+    )
+    plot.add_argument(
+        "--out", default=None, help="PNG path (default: RUN_DIR/METRIC.png, or ./METRIC.png)"
+    )
     plot.set_defaults(func=_plot)
 
     list_tasks = commands.add_parser("list-tasks", help="list the dm-control tasks")
@@ -257,6 +351,14 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         raise LaunchError("--steps must be at least 1.")
     if args.eval_episodes < 1:
         raise LaunchError("--eval-episodes must be at least 1.")
+    if args.eval_every is not None and args.eval_every_steps is not None:
+        raise LaunchError("pass --eval-every-steps N or --eval-every SECONDS, not both.")
+    if args.eval_every_steps is not None and args.eval_every_steps < 1:
+        raise LaunchError("--eval-every-steps must be at least 1.")
+    if args.eval_every is not None and args.eval_every <= 0:
+        raise LaunchError("--eval-every must be a positive number of seconds.")
+    if args.keep_snapshots < 1:
+        raise LaunchError("--keep-snapshots must be at least 1.")
     if not 0 <= args.replay_port <= 65535:
         raise LaunchError("--replay-port must be between 0 and 65535.")
     if args.ray_address and args.backend != "ray":
@@ -321,7 +423,11 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         learner_replicas=args.learner_replicas,
         replay_port=args.replay_port,
         learner_checkpoint_every_steps=args.checkpoint_every,
-        eval_every_s=args.eval_every,
+        eval_every_s=args.eval_every or d4pg_program.D4PGProgramSettings.eval_every_s,
+        eval_every_steps=None
+        if args.eval_every is not None
+        else (args.eval_every_steps or max(1000, args.steps // 20)),
+        keep_snapshots=args.keep_snapshots,
         eval_episodes=args.eval_episodes,
     )
     return settings, config, identity, run_dir, resuming
@@ -330,7 +436,7 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
 def _launch_d4pg(args) -> int:
     import shutil  # pylint: disable=import-outside-toplevel
 
-    from launch import d4pg_program, launcher  # pylint: disable=import-outside-toplevel
+    from launch import d4pg_program, launcher, quiet  # pylint: disable=import-outside-toplevel
     from launch.metrics import Progress  # pylint: disable=import-outside-toplevel
 
     settings, config, identity, run_dir, resuming = _resolve_d4pg(args, args.config_overrides)
@@ -359,6 +465,7 @@ def _launch_d4pg(args) -> int:
                 shutil.rmtree(run_dir.root, ignore_errors=True)
             raise
         run_dir.write_identity(identity)
+        quiet.move_to(run_dir.path("logs", "launcher.log"))
         print(
             f"{'Resuming' if resuming else 'Starting'} distributed D4PG on {settings.task}: "
             f"{settings.num_actors} actor(s), learner {settings.learner_replicas}, backend "
@@ -392,36 +499,87 @@ def _launch_d4pg(args) -> int:
     print(
         f"{verb}: {summary}.\n"
         f"  evaluate: {_PROG} evaluate --run-dir {run_dir.root} --episodes 10\n"
-        f"  plot:     {_PROG} plot --run-dir {run_dir.root}\n"
+        f"  export:   {_PROG} export --run-dir {run_dir.root} --out POLICY_DIR\n"
+        f"  plot:     {_PROG} plot {run_dir.root}\n"
         f"  resume:   {_PROG} launch d4pg --run-dir {run_dir.root} --steps N"
     )
     return 130 if outcome.reason == "interrupted" else 0
 
 
 def _evaluate(args) -> int:
-    from launch.evaluate import evaluate  # pylint: disable=import-outside-toplevel
+    import json  # pylint: disable=import-outside-toplevel
+
+    from launch import evaluate  # pylint: disable=import-outside-toplevel
 
     if args.episodes < 1:
         raise LaunchError("--episodes must be at least 1.")
-    if not os.path.isdir(args.run_dir):
-        raise LaunchError(f"--run-dir {args.run_dir} does not exist.")
-    result = evaluate(
-        args.run_dir, task=args.env, episodes=args.episodes, video=args.video, seed=args.seed
+    if args.seed is not None and args.seeds is not None:
+        raise LaunchError("pass --seeds (one or more), not --seed with it.")
+    seeds = args.seeds or ([args.seed] if args.seed is not None else [12345])
+    if args.all_snapshots:
+        if args.run_dir is None or args.snapshot or args.step is not None or args.video:
+            raise LaunchError(
+                "--all-snapshots evaluates every snapshot of --run-dir: drop --snapshot, "
+                "--step and --video."
+            )
+        out = args.out or os.path.join(args.run_dir, "snapshot_returns.csv")
+        rows = evaluate.evaluate_all(
+            args.run_dir,
+            out,
+            task=args.env,
+            episodes=args.episodes,
+            seeds=seeds,
+            echo=None if args.json else print,
+        )
+        if args.json:
+            print(json.dumps({"csv": os.path.abspath(out), "snapshots": rows}))
+        else:
+            print(f"{len(rows)} snapshot(s) evaluated: {os.path.abspath(out)}")
+        return 0
+    if args.out:
+        raise LaunchError("--out names the CSV of --all-snapshots; use --video for a video.")
+    result = evaluate.evaluate(
+        args.run_dir,
+        snapshot=args.snapshot,
+        step=args.step,
+        task=args.env,
+        episodes=args.episodes,
+        seeds=seeds,
+        video=args.video,
     )
+    if args.video:
+        result["video"] = os.path.abspath(args.video)
+    if args.json:
+        print(json.dumps(result))
+        return 0
     print(
         f"{result['task']}: return over {result['episodes']} episode(s): mean "
         f"{result['mean']:.1f}, std {result['std']:.1f} (learner step "
-        f"{result['learner_steps']:,})"
+        f"{result['learner_step']:,}; seeds {' '.join(map(str, result['seeds']))})"
     )
     if args.video:
-        print(f"video of episode 1: {os.path.abspath(args.video)}")
+        print(f"video of episode 1: {result['video']}")
+    return 0
+
+
+def _export(args) -> int:
+    from launch import snapshots  # pylint: disable=import-outside-toplevel
+
+    out, step = snapshots.export(args.run_dir, args.out, args.step)
+    print(
+        f"policy snapshot of learner step {step:,}: {os.path.abspath(out)}\n"
+        f"  load it: policy = tf.saved_model.load({out!r}); actions = policy.act(observations)"
+    )
     return 0
 
 
 def _plot(args) -> int:
-    from launch.plot import plot  # pylint: disable=import-outside-toplevel
+    from launch import plot  # pylint: disable=import-outside-toplevel
 
-    print(plot(args.run_dir, args.out))
+    runs = list(args.runs) + ([args.run_dir] if args.run_dir else [])
+    print(
+        plot.plot(runs, args.out, metric=args.metric, group_by=plot.parse_group_by(args.group_by))
+    )
     return 0
 
 
@@ -435,9 +593,18 @@ def _list_tasks(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `replicator` console script; returns the exit status."""
+    from launch import quiet  # pylint: disable=import-outside-toplevel
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    verbose = "--verbose" in argv[: argv.index("--") if "--" in argv else len(argv)]
+    argv = [a for a in argv if a != "--verbose"]
     os.environ.setdefault("MUJOCO_GL", "egl")
+    command = next((a for a in argv if not a.startswith("-")), "")
+    with quiet.console(verbose, command):
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     try:
         parser = _build_parser(argv)
         args, extra = parser.parse_known_args(argv)

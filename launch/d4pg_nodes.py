@@ -6,7 +6,7 @@ travel through Reverb). TensorFlow, Reverb and dm-control are imported inside th
 bodies so that the launcher itself stays light.
 
 Metrics each node reports (see `launch.metrics`):
-  replay:    gauge replay_size
+  replay:    gauge replay_size; the bottleneck report (`launch.bottleneck`); TensorBoard
   learner:   gauge learner_steps; "learner" records with losses; TensorBoard scalars
   actor_i:   count actor_steps, episodes; gauge weights_version_actor_i
   evaluator: "eval" records (mean/std return, learner step evaluated); TensorBoard
@@ -52,6 +52,7 @@ def replay(
 
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
     from agents.d4pg import replay as replay_lib
+    from launch import bottleneck  # pylint: disable=import-outside-toplevel
 
     cfg = _config(config)
     _, spec = _environment(cfg, task, seed=cfg.seed)
@@ -66,14 +67,22 @@ def replay(
     ctx.gauge(replay_size=size)
     ctx.publish(REPLAY_ADDRESS, f"{ctx.advertise_host}:{server.port}")
     last_checkpoint = time.monotonic()
+    # Which side waits on the rate limiter: the bottleneck report (launch.bottleneck).
+    monitor = bottleneck.LimiterMonitor(
+        lambda: client.server_info()[replay_lib.REPLAY_TABLE]
+    ).start()
+    writer = bottleneck.SummaryWriter(ctx.path("tensorboard", "replay", ""))
     try:
         while not ctx.wait(report_every_s):
-            ctx.gauge(replay_size=replay_lib.table_size(client))
+            report = monitor.report()
+            ctx.gauge(replay_size=replay_lib.table_size(client), **report)
+            writer.write(report)
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
                 path = client.checkpoint()
                 last_checkpoint = time.monotonic()
                 ctx.log(f"replay checkpoint: {path}")
     finally:
+        monitor.stop()
         size = replay_lib.table_size(client)
         path = client.checkpoint()
         ctx.gauge(replay_size=size)
@@ -91,12 +100,14 @@ def learner(
     checkpoint_every_steps: int = 1000,
     checkpoint_every_s: float = 300.0,
     report_every_s: float = 5.0,
+    keep_snapshots: int = 3,
 ) -> None:
     """Restores from RUN_DIR/checkpoints/learner if any, then updates until stopped.
 
     Weights are published to the replay server every `config.publish_period` updates
     (by the learner itself) and checkpointed every `checkpoint_every_steps` updates or
-    `checkpoint_every_s` seconds, and on stop.
+    `checkpoint_every_s` seconds, and on stop; each checkpoint also writes a policy
+    snapshot RUN_DIR/snapshots/step_N, of which the `keep_snapshots` newest are kept.
     """
     import replication  # pylint: disable=import-outside-toplevel
 
@@ -104,6 +115,7 @@ def learner(
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+    from launch import snapshots  # pylint: disable=import-outside-toplevel
 
     cfg = _config(config)
     _, spec = _environment(cfg, task, seed=cfg.seed)
@@ -130,6 +142,12 @@ def learner(
     last_report = last_save = time.monotonic()
     steps_at_report = steps_at_save = steps
     metrics: dict[str, float] = {}
+
+    def snapshot() -> None:
+        snapshots.save_for_run(
+            ctx.run_dir, learner=agent, config=cfg, env_spec=spec, task=task, keep=keep_snapshots
+        )
+
     try:
         while not ctx.should_stop():
             try:
@@ -152,6 +170,7 @@ def learner(
                 or now - last_save >= checkpoint_every_s
             ):
                 agent.save()
+                snapshot()
                 last_save, steps_at_save = now, steps
     except Exception as e:  # pylint: disable=broad-except
         # On shutdown the replay server may stop under a blocked sample: not a crash.
@@ -159,6 +178,7 @@ def learner(
             raise
         ctx.log(f"update interrupted by shutdown ({type(e).__name__})")
     path = agent.save()
+    snapshot()
     ctx.gauge(learner_steps=agent.num_steps)
     writer.flush()
     ctx.log(f"final learner checkpoint at step {agent.num_steps}: {path}")
@@ -195,14 +215,30 @@ def actor(ctx, *, task: str, config: dict, replay_address: str, index: int) -> N
 
 
 def evaluator(
-    ctx, *, task: str, config: dict, replay_address: str, episodes: int = 5, every_s: float = 30.0
+    ctx,
+    *,
+    task: str,
+    config: dict,
+    replay_address: str,
+    episodes: int = 5,
+    every_s: float = 30.0,
+    every_steps: int | None = None,
 ) -> None:
-    """Every `every_s` seconds, runs noise-free episodes with the latest weights."""
+    """Runs noise-free episodes with the latest weights, every `every_steps` actor steps
+    (when set) or else every `every_s` seconds.
+
+    Actor steps are read from the replay table's rate limiter: actors insert exactly one
+    n-step transition per environment step, so the count of inserts is the run's actor
+    step count (restored with the replay checkpoint; only its increase is used here).
+    """
     import numpy as np  # pylint: disable=import-outside-toplevel
+    import reverb  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+    from agents.d4pg.replay import REPLAY_TABLE  # pylint: disable=import-outside-toplevel
     from agents.environment_loop import EnvironmentLoop  # pylint: disable=import-outside-toplevel
+    from launch import bottleneck  # pylint: disable=import-outside-toplevel
 
     cfg = _config(config)
     seed = cfg.seed * 100_003 + 7 + ctx.attempt
@@ -210,12 +246,27 @@ def evaluator(
     agent = builder.make_evaluator(cfg, spec, replay_address, seed=seed)
     loop = EnvironmentLoop(env, agent, should_update=False, label=ctx.name)
     writer = tf.summary.create_file_writer(ctx.path("tensorboard", "evaluator", ""))
+    client = reverb.Client(replay_address)
+
+    def actor_steps() -> int:
+        return bottleneck.LimiterState.from_table_info(client.server_info()[REPLAY_TABLE]).inserts
+
     evaluated = None
+    steps_at_eval: int | None = None
     while not ctx.should_stop():
         try:
-            agent.update(wait=True)
-            if agent.weights_version != evaluated:
+            steps = actor_steps() if every_steps else None
+            due = (
+                not every_steps
+                or steps_at_eval is None
+                or steps < steps_at_eval  # The replay restarted without its counters.
+                or steps - steps_at_eval >= every_steps
+            )
+            if due:
+                agent.update(wait=True)
+            if due and agent.weights_version != evaluated:
                 evaluated = agent.weights_version
+                steps_at_eval = steps
                 returns = [loop.run_episode()["episode_return"] for _ in range(episodes)]
                 mean, std = float(np.mean(returns)), float(np.std(returns))
                 ctx.record(
@@ -225,6 +276,8 @@ def evaluator(
                         "return_std": std,
                         "episodes": episodes,
                         "learner_steps": evaluated,
+                        # Actor steps (replay inserts) that made this evaluation due.
+                        "replay_inserts": steps,
                     },
                 )
                 ctx.log(f"eval at learner step {evaluated}: return {mean:.1f} +- {std:.1f}")
@@ -236,4 +289,4 @@ def evaluator(
             if ctx.should_stop() or ctx.wait(1.0):
                 return
             raise
-        ctx.wait(every_s)
+        ctx.wait(every_s if not every_steps else 0.5)

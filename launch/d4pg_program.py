@@ -7,7 +7,8 @@
                weights every `publish_period` updates, checkpoints; restarted on failure
                (it resumes from its last checkpoint).
     actor_i    noisy episodes -> n-step transitions; restarted on failure.
-    evaluator  noise-free episodes every `eval_every_s`; restarted on failure.
+    evaluator  noise-free episodes every `eval_every_steps` actor steps (or `eval_every_s`
+               seconds); restarted on failure.
 
 Shutdown order: learner and evaluator first (the learner saves while actors still
 feed it, so it is not stuck behind the rate limiter), then the actors (stateless:
@@ -72,7 +73,10 @@ class D4PGProgramSettings:
       learner_checkpoint_every_steps: Learner checkpoint period in updates...
       learner_checkpoint_every_s: ...or in seconds, whichever comes first.
       replay_checkpoint_every_s: Replay checkpoint period.
-      eval_every_s: Seconds between evaluations (each of `eval_episodes` episodes).
+      eval_every_s: Seconds between evaluations (each of `eval_episodes` episodes), used
+        when `eval_every_steps` is None.
+      eval_every_steps: Actor steps between evaluations (None: schedule by seconds).
+      keep_snapshots: Policy snapshots (RUN/snapshots/step_N) the learner keeps.
       eval_episodes: Episodes per evaluation.
       report_every_s: Period of learner/replay metrics and TensorBoard summaries.
     """
@@ -85,7 +89,9 @@ class D4PGProgramSettings:
     learner_checkpoint_every_s: float = 120.0
     replay_checkpoint_every_s: float = 600.0
     eval_every_s: float = 20.0
+    eval_every_steps: int | None = None
     eval_episodes: int = 3
+    keep_snapshots: int = 3
     report_every_s: float = 5.0
 
 
@@ -142,6 +148,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 "checkpoint_every_steps": settings.learner_checkpoint_every_steps,
                 "checkpoint_every_s": settings.learner_checkpoint_every_s,
                 "report_every_s": settings.report_every_s,
+                "keep_snapshots": settings.keep_snapshots,
             },
             resources=Resources(cpus=1.0),
             restart=RestartPolicy(initial_backoff=2.0, max_backoff=60.0),
@@ -170,6 +177,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 "replay_address": address,
                 "episodes": settings.eval_episodes,
                 "every_s": settings.eval_every_s,
+                "every_steps": settings.eval_every_steps,
             },
             resources=Resources(cpus=0.5),
             restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),

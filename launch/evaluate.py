@@ -1,39 +1,25 @@
-"""Offline evaluation of a run's latest learner checkpoint: returns and an optional video.
+"""Offline evaluation of policy snapshots: returns per seed, a video, a curve over snapshots.
 
-The learner is rebuilt in this process (one replica) next to a private in-process
-Reverb server, restored from ``RUN_DIR/checkpoints/learner`` and asked to publish
-its weights; a noise-free evaluator pulls them exactly as in training. Only the
-public `agents.d4pg.builder` API is used.
+A snapshot (`agents.d4pg.snapshot`) is the only source of the weights: no learner and no
+replay server are built. The weights are read from the SavedModel once and the episodes
+are acted with the numpy forward pass (`NumpyPolicy`), because a TensorFlow call per step
+costs several times a physics step; `tests/launch/test_evaluate.py` checks that both give
+the same actions.
 """
 
 from __future__ import annotations
 
+import csv
 import os
-import shutil
-import tempfile
+import time
+from collections.abc import Sequence
 from typing import Any
 
+from launch import snapshots
 from launch.errors import LaunchError
-from launch.run_dir import RunDir
 
 VIDEO_SIZE = (240, 320)  # height, width
-
-
-def _load_run(run_dir: RunDir, task: str | None):
-    identity = run_dir.read_identity()
-    if identity is None or identity.get("program") != "d4pg":
-        raise LaunchError(
-            f"{run_dir.root} is not a D4PG run directory (no run.json from "
-            "`replicator launch d4pg`); pass the --run-dir of a D4PG run."
-        )
-    checkpoints = run_dir.path("checkpoints", "learner")
-    if not os.path.exists(os.path.join(checkpoints, "checkpoint")):
-        raise LaunchError(
-            f"{run_dir.root} has no learner checkpoint yet ({checkpoints}); let the "
-            "run train longer (the learner saves every few minutes and on stop).",
-            exit_code=1,
-        )
-    return identity, task or identity["task"], checkpoints
+CURVE_COLUMNS = ("learner_step", "mean", "std", "episodes", "seeds", "snapshot")
 
 
 def _writer_for(path: str):
@@ -55,99 +41,196 @@ def _writer_for(path: str):
         ) from None
 
 
-def evaluate(
-    run_dir: str,
-    *,
-    task: str | None = None,
-    episodes: int = 10,
+class SnapshotPolicy:
+    """A loaded snapshot: its metadata, config and a numpy policy on its weights."""
+
+    def __init__(self, directory: str):
+        from agents.d4pg import networks, snapshot  # pylint: disable=import-outside-toplevel
+        from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
+        from agents.d4pg.numpy_policy import NumpyPolicy  # pylint: disable=import-outside-toplevel
+
+        try:
+            self.metadata, weights = snapshot.load_weights(directory)
+        except snapshot.SnapshotError as e:
+            raise LaunchError(str(e)) from None
+        self.directory = directory
+        self.config = D4PGConfig.from_dict(self.metadata["config"])
+        obs = self.metadata["observation"]
+        action = self.metadata["action"]
+        pixels = networks.is_pixels(_Spec(obs["shape"], obs["dtype"]))
+        self.policy = NumpyPolicy(
+            self.config, pixels, action_low=action["minimum"], action_high=action["maximum"]
+        )
+        self.policy.set_weights(weights)
+
+    @property
+    def learner_step(self) -> int:
+        return int(self.metadata["learner_step"])
+
+    def make_environment(self, task: str, seed: int):
+        """The environment of `task` as this snapshot's config sees it; checked to fit."""
+        import environments  # pylint: disable=import-outside-toplevel
+        from agents.d4pg import builder, snapshot  # pylint: disable=import-outside-toplevel
+
+        try:
+            env = builder.make_environment(self.config, task, seed=seed)
+        except environments.UnknownTaskError as e:
+            raise LaunchError(str(e)) from None
+        spec = environments.make_environment_spec(env)
+        try:
+            snapshot.check_fits(self.metadata, spec, where=task)
+        except snapshot.SnapshotError as e:
+            env.close()
+            raise LaunchError(str(e)) from None
+        return env, spec
+
+
+class _Spec:
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+
+def run_episodes(
+    loaded: SnapshotPolicy,
+    task: str,
+    seeds: Sequence[int],
+    episodes: int,
     video: str | None = None,
-    seed: int = 12345,
 ) -> dict[str, Any]:
-    """Evaluates the latest checkpoint of `run_dir` without exploration noise.
-
-    Args:
-      run_dir: A run directory of `replicator launch d4pg`.
-      task: Task to evaluate on (default: the run's own).
-      episodes: Number of episodes.
-      video: Optional .mp4/.gif path; the first episode is rendered into it.
-      seed: Seed of the evaluation environment.
-
-    Returns:
-      ``{"mean": ..., "std": ..., "returns": [...], "learner_steps": ..., "task": ...}``.
-    """
-    rd = RunDir(run_dir)
-    identity, task, checkpoints = _load_run(rd, task)
-    writer = _writer_for(video) if video else None
+    """Plays `episodes` noise-free episodes per seed; the first one optionally into `video`."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    import replication  # pylint: disable=import-outside-toplevel
+    from agents.d4pg.acting import D4PGActor  # pylint: disable=import-outside-toplevel
 
-    repl = replication.make("cpu")
-    import environments  # pylint: disable=import-outside-toplevel
-    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
-    from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
-
-    config = D4PGConfig.from_dict(identity["config"])
+    writer = _writer_for(video) if video else None
+    per_seed: dict[str, list[float]] = {}
+    steps = 0
+    env_seconds = 0.0
+    start = time.perf_counter()
     try:
-        env = builder.make_environment(config, task, seed=seed)
-    except environments.UnknownTaskError as e:
-        raise LaunchError(str(e)) from None
-    spec = environments.make_environment_spec(env)
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    tf.get_logger().setLevel("ERROR")  # Optimiser slots are not needed to act: no warnings.
-    scratch = tempfile.mkdtemp(prefix="replicator-evaluate-")
-    server = builder.make_replay_server(config, spec, checkpoint_dir=scratch)
-    address = f"localhost:{server.port}"
-    try:
-        learner = builder.make_learner(config, spec, address, repl, checkpoints)
-        try:
-            learner.restore()
-        except (AssertionError, ValueError) as e:
-            raise LaunchError(
-                f"the checkpoint in {checkpoints} does not fit {task} (it was trained "
-                f"on {identity['task']}): {str(e).splitlines()[0]}"
-            ) from None
-        agent = builder.make_evaluator(config, spec, address, seed=seed)
-        agent.update(wait=True)
-        returns = []
-        for episode in range(episodes):
-            timestep = env.reset()
-            agent.observe_first(timestep)
-            total = 0.0
-            record = writer is not None and episode == 0
-            if record:
-                writer.append_data(_render(env))
-            while not timestep.last():
-                action = agent.select_action(timestep.observation)
-                timestep = env.step(action)
-                total += float(np.sum(timestep.reward))
+        for seed in seeds:
+            t0 = time.perf_counter()
+            env, spec = loaded.make_environment(task, seed)
+            env_seconds += time.perf_counter() - t0
+            actor = D4PGActor(loaded.policy, spec.actions, variable_client=None, sigma=0.0)
+            returns = []
+            for episode in range(episodes):
+                record = writer is not None and not per_seed and episode == 0
+                t0 = time.perf_counter()
+                timestep = env.reset()
+                env_seconds += time.perf_counter() - t0
+                total = 0.0
                 if record:
-                    writer.append_data(_render(env))
-            returns.append(total)
+                    writer.append_data(_frame(env, total))
+                while not timestep.last():
+                    action = actor.select_action(timestep.observation)
+                    t0 = time.perf_counter()
+                    timestep = env.step(action)
+                    env_seconds += time.perf_counter() - t0
+                    steps += 1
+                    total += float(np.sum(timestep.reward))
+                    if record:
+                        writer.append_data(_frame(env, total))
+                returns.append(total)
+            per_seed[str(seed)] = returns
+            env.close()
     finally:
         if writer is not None:
             writer.close()
-        server.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
+    wall = time.perf_counter() - start
+    flat = [r for rs in per_seed.values() for r in rs]
     return {
         "task": task,
-        "episodes": episodes,
-        "returns": returns,
-        "mean": float(np.mean(returns)),
-        "std": float(np.std(returns)),
-        "learner_steps": learner.num_steps,
-        "checkpoint": checkpoints,
+        "trained_on": loaded.metadata["task"],
+        "learner_step": loaded.learner_step,
+        "snapshot": os.path.abspath(loaded.directory),
+        "episodes": len(flat),
+        "seeds": [int(s) for s in seeds],
+        "returns_per_seed": per_seed,
+        "mean": float(np.mean(flat)),
+        "std": float(np.std(flat)),
+        "seed_means_std": float(np.std([np.mean(v) for v in per_seed.values()])),
+        "steps": steps,
+        "wall_s": round(wall, 3),
+        "env_step_fraction": round(env_seconds / wall, 3) if wall > 0 else None,
     }
 
 
-def _render(env):
+def evaluate(
+    run_dir: str | None = None,
+    *,
+    snapshot: str | None = None,
+    step: int | None = None,
+    task: str | None = None,
+    episodes: int = 10,
+    seeds: Sequence[int] = (12345,),
+    video: str | None = None,
+) -> dict[str, Any]:
+    """Evaluates one snapshot (latest of `run_dir`, its `step`, or the `snapshot` directory).
+
+    Returns:
+      ``{"mean", "std", "returns_per_seed", "learner_step", "task", "snapshot", ...}``.
+    """
+    directory = snapshots.resolve(run_dir, step, snapshot)
+    loaded = SnapshotPolicy(directory)
+    return run_episodes(loaded, task or loaded.metadata["task"], seeds, episodes, video)
+
+
+def evaluate_all(
+    run_dir: str,
+    out: str,
+    *,
+    task: str | None = None,
+    episodes: int = 10,
+    seeds: Sequence[int] = (12345,),
+    echo=None,
+) -> list[dict[str, Any]]:
+    """Evaluates every kept snapshot of `run_dir` (ascending steps) into the CSV `out`."""
+    snapshots.resolve(run_dir, None, None)  # The clear errors: not a run, no snapshots.
+    rows = []
+    for step in snapshots.kept_steps(run_dir):
+        result = evaluate(run_dir, step=step, task=task, episodes=episodes, seeds=seeds)
+        rows.append(result)
+        if echo is not None:
+            echo(
+                f"step {step:,}: return {result['mean']:.1f} +- {result['std']:.1f} "
+                f"over {result['episodes']} episode(s)"
+            )
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(CURVE_COLUMNS)
+        for r in rows:
+            writer.writerow(
+                [
+                    r["learner_step"],
+                    r["mean"],
+                    r["std"],
+                    r["episodes"],
+                    " ".join(map(str, r["seeds"])),
+                    r["snapshot"],
+                ]
+            )
+    return rows
+
+
+def _frame(env, episode_return: float):
+    """One rendered frame with the return so far written in its top-left corner."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from PIL import Image, ImageDraw  # pylint: disable=import-outside-toplevel
+
     import environments  # pylint: disable=import-outside-toplevel
 
     try:
-        return env.physics.render(height=VIDEO_SIZE[0], width=VIDEO_SIZE[1], camera_id=0)
+        pixels = env.physics.render(height=VIDEO_SIZE[0], width=VIDEO_SIZE[1], camera_id=0)
     except Exception as e:  # pylint: disable=broad-except
         raise LaunchError(
             f"cannot render frames for --video: {environments.wrappers.rendering_help(e)}",
             exit_code=1,
         ) from None
+    image = Image.fromarray(np.ascontiguousarray(pixels))
+    draw = ImageDraw.Draw(image)
+    text = f"return {episode_return:.1f}"
+    draw.rectangle((4, 4, 12 + 7 * len(text), 20), fill=(0, 0, 0))
+    draw.text((8, 6), text, fill=(255, 255, 255))
+    return np.asarray(image)

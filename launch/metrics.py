@@ -36,7 +36,16 @@ CSV_COLUMNS = (
     "eval_return_std",
     "eval_episodes",
     "eval_learner_steps",
+    # The learner's latest losses and the bottleneck report at the time of the evaluation.
+    "critic_loss",
+    "policy_loss",
+    "q_mean",
+    "actors_blocked",
+    "learner_blocked",
+    "bottleneck",
 )
+_LEARNER_COLUMNS = ("critic_loss", "policy_loss", "q_mean")
+_GAUGE_COLUMNS = ("actors_blocked", "learner_blocked", "bottleneck")
 LAUNCHER = "launcher"
 
 
@@ -84,6 +93,7 @@ class Progress:
         self.totals: collections.Counter = collections.Counter()
         self.gauges: dict[str, Any] = {}
         self.last_eval: dict[str, Any] | None = None
+        self.last_learner: dict[str, Any] = {}
         self.num_evals = 0
         self._wall_offset = 0.0
         self._start = time.monotonic()
@@ -131,6 +141,8 @@ class Progress:
             self.gauges.update(fields)
         elif kind == "progress":
             self.gauges["wall_time_s"] = fields.get("wall_time_s", 0.0)
+        elif kind == "learner":
+            self.last_learner = fields
         elif kind == "eval":
             self.num_evals += 1
             self.last_eval = dict(fields, actor_steps=self.totals["actor_steps"])
@@ -139,24 +151,29 @@ class Progress:
 
     def _write_csv_row(self, record: dict[str, Any]) -> None:
         path = self._run_dir.csv_path
+        values = {
+            "wall_time_s": round(self.wall_time, 2),
+            "unix_time": round(record.get("t", time.time()), 3),
+            "actor_steps": int(self.totals["actor_steps"]),
+            "learner_steps": int(self.gauges.get("learner_steps", 0)),
+            "episodes": int(self.totals["episodes"]),
+            "eval_return": record.get("return"),
+            "eval_return_std": record.get("return_std"),
+            "eval_episodes": record.get("episodes"),
+            "eval_learner_steps": record.get("learner_steps"),
+            **{k: self.last_learner.get(k) for k in _LEARNER_COLUMNS},
+            **{k: self.gauges.get(k) for k in _GAUGE_COLUMNS},
+        }
+        columns = CSV_COLUMNS
+        if os.path.exists(path):  # A run started by an older version keeps its header.
+            with open(path, newline="", encoding="utf-8") as f:
+                columns = tuple(next(csv.reader(f), CSV_COLUMNS))
         new = not os.path.exists(path)
         with open(path, "a", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             if new:
-                writer.writerow(CSV_COLUMNS)
-            writer.writerow(
-                [
-                    round(self.wall_time, 2),
-                    round(record.get("t", time.time()), 3),
-                    int(self.totals["actor_steps"]),
-                    int(self.gauges.get("learner_steps", 0)),
-                    int(self.totals["episodes"]),
-                    record.get("return"),
-                    record.get("return_std"),
-                    record.get("episodes"),
-                    record.get("learner_steps"),
-                ]
-            )
+                writer.writerow(columns)
+            writer.writerow([values.get(c) for c in columns])
 
     def rates(self) -> tuple[float, float]:
         """Actor and learner steps per second over the last ~30 seconds."""
@@ -185,6 +202,8 @@ class Progress:
             )
         else:
             parts.append("eval return -")
+        if self.gauges.get("bottleneck"):
+            parts.append(str(self.gauges["bottleneck"]))
         restarted = {k: v for k, v in (restarts or {}).items() if v}
         if restarted:
             parts.append("restarts " + ",".join(f"{k}={v}" for k, v in sorted(restarted.items())))
@@ -192,9 +211,16 @@ class Progress:
 
 
 def read_csv(path: str) -> list[dict[str, float]]:
-    """Rows of a metrics.csv as dicts of floats (empty cells are skipped)."""
+    """Rows of a metrics.csv as dicts of floats (empty and text cells are skipped)."""
     rows = []
     with open(path, newline="", encoding="utf-8") as f:
         for row in csv.DictReader(f):
-            rows.append({k: float(v) for k, v in row.items() if v not in ("", None)})
+            rows.append({k: x for k, v in row.items() if (x := _number(v)) is not None})
     return rows
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in ("", None) else None
+    except ValueError:
+        return None

@@ -1,51 +1,267 @@
-"""`replicator plot`: evaluation return vs actor steps and vs wall time, as one PNG."""
+"""`replicator plot`: learning curves of many runs, averaged over seeds, as one PNG.
+
+Runs are grouped by task and config (every config key but `seed`), so the runs of one
+group differ only by their seed. Each group is drawn as the mean over its runs and a 95%
+confidence band of that mean (Student t over seeds), against actor steps and against wall
+time. Curves are put on a common x grid first: the union of the runs' x values where all
+of them have data, each run linearly interpolated (runs evaluated at the same steps are
+therefore not interpolated at all).
+
+The plotted values are read back from the figure's own artists (lines and bands) and
+stored in the PNG as a "replicator-data" text chunk (JSON), so what the figure shows can
+be checked without reading pixels.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 import os
+from collections.abc import Sequence
+from typing import Any
 
 from launch.errors import LaunchError
 from launch.metrics import read_csv
 from launch.run_dir import RunDir
 
+PNG_DATA_KEY = "replicator-data"
+_X_AXES = (("actor_steps", "actor steps", 1.0), ("wall_time_s", "wall time (minutes)", 60.0))
+_IGNORED_CONFIG = ("seed",)  # What distinguishes the replicates of one experiment.
 
-def plot(run_dir: str, out: str | None = None) -> str:
-    """Writes the learning curves of `run_dir` (from its metrics.csv); returns the PNG path."""
-    rd = RunDir(run_dir)
-    if not os.path.exists(rd.csv_path):
+
+class _Run:
+    def __init__(self, path: str, metric: str):
+        rd = RunDir(path)
+        if not os.path.isdir(rd.root):
+            raise LaunchError(f"run {path} does not exist.")
+        identity = rd.read_identity() or {}
+        self.path = rd.root
+        self.task = identity.get("task", "?")
+        self.config = identity.get("config", {})
+        if not os.path.exists(rd.csv_path):
+            raise LaunchError(
+                f"{rd.csv_path} does not exist: the run has no evaluation yet. Let it "
+                "train until the evaluator reports (see its progress line), then retry.",
+                exit_code=1,
+            )
+        rows = read_csv(rd.csv_path)
+        columns = set().union(*(r.keys() for r in rows)) if rows else set()
+        self.rows = [r for r in rows if metric in r]
+        if not self.rows:
+            hint = f" Columns with data: {', '.join(sorted(columns))}." if columns else ""
+            raise LaunchError(
+                f"{rd.csv_path} has no {metric!r} values yet.{hint}",
+                exit_code=1,
+            )
+
+    def key(self, group_by: Sequence[str] | None) -> tuple[str, ...]:
+        if group_by is None:
+            config = {k: v for k, v in self.config.items() if k not in _IGNORED_CONFIG}
+            return (self.task, json.dumps(config, sort_keys=True))
+        out = []
+        for field in group_by:
+            if field == "task":
+                out.append(self.task)
+            elif field == "config":
+                config = {k: v for k, v in self.config.items() if k not in _IGNORED_CONFIG}
+                out.append(json.dumps(config, sort_keys=True))
+            else:
+                out.append(f"{field}={self.config.get(field.removeprefix('config.'))}")
+        return tuple(out)
+
+
+def parse_group_by(text: str | None) -> list[str] | None:
+    """'task,config.sigma' -> ['task', 'config.sigma'] (checked)."""
+    if text is None:
+        return None
+    fields = [f.strip() for f in text.split(",") if f.strip()]
+    from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
+
+    known = set(D4PGConfig().to_dict())
+    for field in fields:
+        if field in ("task", "config"):
+            continue
+        if not field.startswith("config.") or field.removeprefix("config.") not in known:
+            raise LaunchError(
+                f"--group-by {field}: use task, config, or config.KEY with a D4PG config key "
+                "(e.g. --group-by task,config.sigma)."
+            )
+    if not fields:
+        raise LaunchError("--group-by needs at least one field, e.g. --group-by task.")
+    return fields
+
+
+def confidence_band(values, level: float = 0.95):
+    """Mean over axis 0 and the half-width of its `level` Student-t confidence interval."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    from scipy import stats  # pylint: disable=import-outside-toplevel
+
+    values = np.asarray(values, float)
+    n = values.shape[0]
+    mean = values.mean(axis=0)
+    if n < 2:
+        return mean, np.zeros_like(mean)
+    sem = values.std(axis=0, ddof=1) / math.sqrt(n)
+    return mean, stats.t.ppf(0.5 + level / 2, n - 1) * sem
+
+
+def _aggregate(runs: list[_Run], x_key: str, metric: str, scale: float):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    curves = []
+    for run in runs:
+        pairs = sorted((r[x_key] / scale, r[metric]) for r in run.rows if x_key in r)
+        if pairs:
+            curves.append((np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])))
+    if len(curves) < len(runs):
+        return None
+    lo = max(c[0][0] for c in curves)
+    hi = min(c[0][-1] for c in curves)
+    grid = np.unique(np.concatenate([c[0] for c in curves]))
+    grid = grid[(grid >= lo) & (grid <= hi)]
+    if grid.size == 0:
+        return None
+    values = np.stack([np.interp(grid, x, y) for x, y in curves])
+    mean, half = confidence_band(values)
+    return grid, mean, half
+
+
+def plot(
+    runs: Sequence[str],
+    out: str | None = None,
+    *,
+    metric: str = "eval_return",
+    group_by: Sequence[str] | None = None,
+) -> str:
+    """Writes the curves of `runs` (grouped, mean and 95% band over seeds); returns the PNG path.
+
+    Raises:
+      LaunchError: no runs, a run without data for `metric`, or runs of different tasks
+        without `group_by` (their returns do not share a scale).
+    """
+    if not runs:
         raise LaunchError(
-            f"{rd.csv_path} does not exist: the run has no evaluation yet. Let it "
-            "train until the evaluator reports (see its progress line), then retry.",
-            exit_code=1,
+            "no runs to plot: pass one or more run directories (replicator plot RUN)."
         )
-    rows = [r for r in read_csv(rd.csv_path) if "eval_return" in r]
-    if not rows:
-        raise LaunchError(f"{rd.csv_path} has no evaluation rows yet.", exit_code=1)
+    loaded = [_Run(path, metric) for path in runs]
+    tasks = sorted({r.task for r in loaded})
+    if len(tasks) > 1 and group_by is None:
+        raise LaunchError(
+            f"these runs are of different tasks ({', '.join(tasks)}); plot each task "
+            "separately, or pass --group-by task to draw them as separate curves."
+        )
+    groups: dict[tuple[str, ...], list[_Run]] = {}
+    for run in loaded:
+        groups.setdefault(run.key(group_by), []).append(run)
+    labels = _labels(groups, group_by)
+
     import matplotlib  # pylint: disable=import-outside-toplevel
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-    identity = rd.read_identity() or {}
-    title = f"D4PG on {identity.get('task', '?')} ({os.path.basename(rd.root)})"
-    mean = [r["eval_return"] for r in rows]
-    std = [r.get("eval_return_std", 0.0) for r in rows]
-    lower = [m - s for m, s in zip(mean, std)]
-    upper = [m + s for m, s in zip(mean, std)]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, key, label, scale in (
-        (axes[0], "actor_steps", "actor steps", 1.0),
-        (axes[1], "wall_time_s", "wall time (minutes)", 60.0),
-    ):
-        x = [r[key] / scale for r in rows]
-        ax.plot(x, mean, marker="o", markersize=3)
-        ax.fill_between(x, lower, upper, alpha=0.2)
-        ax.set_xlabel(label)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for key, members in groups.items():
+        label = f"{labels[key]} ({len(members)} run{'s' if len(members) > 1 else ''})"
+        color = None
+        for ax, (x_key, x_label, scale) in zip(axes, _X_AXES):
+            aggregated = _aggregate(members, x_key, metric, scale)
+            if aggregated is None:
+                continue
+            x, mean, half = aggregated
+            (line,) = ax.plot(x, mean, marker="o", markersize=3, label=label, color=color)
+            color = line.get_color()
+            band = ax.fill_between(x, mean - half, mean + half, alpha=0.2, color=color)
+            line.set_gid(json.dumps({"group": label, "axis": x_key}))
+            band.set_gid(json.dumps({"group": label, "axis": x_key, "band": True}))
+            ax.set_xlabel(x_label)
+    for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("evaluation return (mean ± std)")
-    fig.suptitle(title)
+    axes[0].set_ylabel(f"{metric} (mean, 95% CI over seeds)")
+    axes[0].legend(fontsize=8, loc="best")
+    title = tasks[0] if len(tasks) == 1 else ", ".join(tasks)
+    fig.suptitle(f"D4PG on {title}: {metric}, {len(loaded)} run(s)")
     fig.tight_layout()
-    out = out or rd.path("eval_return.png")
-    fig.savefig(out, dpi=100)
+    data = figure_data(fig)
+    out = out or (
+        RunDir(runs[0]).path(f"{metric}.png")
+        if len(runs) == 1
+        else os.path.abspath(f"{metric}.png")
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=100, metadata={PNG_DATA_KEY: json.dumps(data)})
     plt.close(fig)
     return out
+
+
+def _labels(groups: dict[tuple[str, ...], list[_Run]], group_by) -> dict[tuple[str, ...], str]:
+    """Short legend labels: the task, plus the config keys that differ between groups."""
+    if group_by is not None:
+        return {
+            k: ", ".join(p if len(p) < 40 else "config " + str(i) for i, p in enumerate(k))
+            for k in groups
+        }
+    configs = {k: members[0].config for k, members in groups.items()}
+    differing = sorted(
+        {
+            name
+            for c in configs.values()
+            for name in c
+            if name not in _IGNORED_CONFIG
+            and len({json.dumps(d.get(name)) for d in configs.values()}) > 1
+        }
+    )
+    return {
+        k: " ".join([members[0].task] + [f"{n}={members[0].config.get(n)}" for n in differing])
+        for k, members in groups.items()
+    }
+
+
+def figure_data(fig) -> list[dict[str, Any]]:
+    """The curves a figure draws, read back from its artists: x, mean, band low/high."""
+    out = []
+    for ax in fig.axes:
+        bands = {}
+        for collection in ax.collections:
+            gid = collection.get_gid()
+            if gid:
+                key = json.loads(gid)
+                path = collection.get_paths()[0].vertices
+                bands[(key["group"], key["axis"])] = path
+        for line in ax.lines:
+            gid = line.get_gid()
+            if not gid:
+                continue
+            key = json.loads(gid)
+            x, y = line.get_xdata(), line.get_ydata()
+            vertices = bands.get((key["group"], key["axis"]))
+            entry = {"group": key["group"], "axis": key["axis"], "x": list(map(float, x))}
+            entry["mean"] = list(map(float, y))
+            if vertices is not None:
+                # fill_between's polygon: start, upper edge forward... ; read both edges by x.
+                lows, highs = _band_edges(vertices, x)
+                entry["low"], entry["high"] = lows, highs
+            out.append(entry)
+    return out
+
+
+def _band_edges(vertices, x) -> tuple[list[float], list[float]]:
+    """Lower and upper edges of a fill_between polygon at each x."""
+    lows, highs = [], []
+    for xi in x:
+        ys = [
+            float(v[1])
+            for v in vertices
+            if math.isclose(float(v[0]), float(xi), rel_tol=1e-9, abs_tol=1e-12)
+        ]
+        lows.append(min(ys))
+        highs.append(max(ys))
+    return lows, highs
+
+
+def read_png_data(path: str) -> list[dict[str, Any]]:
+    """The curve data stored in a PNG written by `plot`."""
+    from PIL import Image  # pylint: disable=import-outside-toplevel
+
+    with Image.open(path) as image:
+        return json.loads(image.text[PNG_DATA_KEY])

@@ -11,6 +11,7 @@ Layout::
     tensorboard/NODE/     tf.summary event files
     checkpoints/learner/  tf.train.CheckpointManager checkpoints
     checkpoints/replay/   Reverb checkpoints
+    snapshots/step_N/     policy snapshots (TF SavedModels), written with learner checkpoints
 
 Launching again with the same directory resumes. A directory made by a different
 program, task or incompatible config is refused before anything in it is written.

@@ -3,7 +3,8 @@
 Modules: `config` (hyperparameters), `networks` (Sonnet), `numpy_policy` (fast acting),
 `losses` (maths), `replay` (Reverb tables), `adders` (n-step writer), `variables` (weight
 transport), `learning` (the replicated update), `acting` (actor/evaluator), `builder`
-(wiring used by `launch/`), `local_runner` (everything in one process).
+(wiring used by `launch/`), `local_runner` (everything in one process), `snapshot` (the
+policy as a self-contained TF SavedModel).
 """
 
 from agents.d4pg.acting import D4PGActor

@@ -1,5 +1,6 @@
 """Spec parsing and the errors users see for bad specs or late device requests."""
 
+
 import pytest
 import tensorflow as tf
 
@@ -77,7 +78,6 @@ def test_replicas_share_one_process():
 ONE_REPLICA_AFTER_TF_OPS = """
 import tensorflow as tf
 import replication
-from tests.support import run_python
 tf.constant(1.0) + 1.0  # TensorFlow fixes its devices here, as in any notebook
 for spec in ("cpu", "cpu:1"):
     repl = replication.make(spec)

@@ -1,0 +1,45 @@
+"""The README's benchmark table is what benchmarks/readme_table.py makes of the result JSONs."""
+
+import json
+import shutil
+
+import pytest
+
+from benchmarks import readme_table
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_readme_table_matches_the_results():
+    text = readme_table.README.read_text(encoding="utf-8")
+    assert readme_table.current_block(text) == readme_table.render(), (
+        "README.md's benchmark table disagrees with benchmarks/results/*.json: run "
+        "python benchmarks/readme_table.py"
+    )
+
+
+def test_every_result_has_a_row():
+    assert readme_table.uncovered() == [], "add a Row for it in benchmarks/readme_table.py"
+
+
+def test_a_changed_result_changes_the_table(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(readme_table.RESULTS, results)
+    path = results / "vision_sngan.json"
+    data = json.loads(path.read_text())
+    assert "| 0.93 (global batch 64: 0.91) |" in readme_table.render(results)
+    data["ratio_cpu2_over_cpu_median"]["256"] = 0.54
+    path.write_text(json.dumps(data))
+    table = readme_table.render(results)
+    assert "| 0.54 (global batch 64: 0.91) |" in table
+    assert table != readme_table.current_block(readme_table.README.read_text(encoding="utf-8"))
+
+
+def test_targets_are_checked_against_the_json():
+    row = readme_table.Row(
+        "x.json", "x", "{a/b|.1f}", readme_table.Target(">=", 1.0, "a/b"), derived={}
+    )
+    assert readme_table.render_row(row, {"a": {"b": 1.25}}).startswith("| x | 1.2 | >= 1 |")
+    assert "| >= 1 (not met) |" in readme_table.render_row(row, {"a": {"b": 0.5}})
+    with pytest.raises(KeyError, match="x.json: no 'a/c'"):
+        readme_table.render_row(readme_table.Row("x.json", "x", "{a/c}"), {"a": {"b": 1}})

@@ -1,0 +1,142 @@
+"""`replicator plot` of several runs: grouping, mean and 95% band from the figure's data."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from launch import cli, plot
+from launch.metrics import CSV_COLUMNS
+
+pytestmark = pytest.mark.timeout(120)
+
+T_975_2DF = 4.302652729911275  # Student t quantile 0.975 with 2 degrees of freedom (tables).
+STEPS = [0, 1000, 2000, 3000]
+WALL = [10.0, 70.0, 130.0, 190.0]
+RETURNS = {  # Per seed: eval_return at STEPS.
+    0: [1.0, 100.0, 300.0, 500.0],
+    1: [3.0, 140.0, 320.0, 700.0],
+    2: [2.0, 60.0, 400.0, 600.0],
+}
+LOSSES = {0: [5.0, 4.0, 3.0, 2.0], 1: [6.0, 4.5, 3.5, 1.0], 2: [4.0, 3.5, 2.0, 1.5]}
+
+
+def _make_run(root, name, seed, task="cartpole:swingup", sigma=0.3, steps=STEPS, returns=None):
+    run = os.path.join(root, name)
+    os.makedirs(run)
+    config = {"seed": seed, "sigma": sigma, "batch_size": 64}
+    with open(os.path.join(run, "run.json"), "w") as f:
+        json.dump({"program": "d4pg", "task": task, "config": config}, f)
+    returns = returns or RETURNS[seed]
+    with open(os.path.join(run, "metrics.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, CSV_COLUMNS)
+        writer.writeheader()
+        for i, step in enumerate(steps):
+            writer.writerow(
+                {
+                    "wall_time_s": WALL[i],
+                    "actor_steps": step,
+                    "eval_return": returns[i],
+                    "critic_loss": LOSSES[seed][i],
+                    "bottleneck": "learner-bound: actors blocked 62% of the time: ...",
+                }
+            )
+    return run
+
+
+def _hand(values):
+    values = np.asarray(values, float)
+    mean = values.mean(axis=0)
+    half = T_975_2DF * values.std(axis=0, ddof=1) / np.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def test_three_seeds_mean_and_band_match_a_hand_computation(tmp_path):
+    runs = [_make_run(str(tmp_path), f"seed{s}", s) for s in (0, 1, 2)]
+    out = str(tmp_path / "curves.png")
+    assert cli.main(["plot", *runs, "--out", out]) == 0
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    data = plot.read_png_data(out)
+    assert len(data) == 2  # One group, drawn against actor steps and wall time.
+    mean, low, high = _hand([RETURNS[s] for s in (0, 1, 2)])
+    for curve, xs in zip(data, (STEPS, [w / 60 for w in WALL])):
+        assert "3 runs" in curve["group"]
+        np.testing.assert_allclose(curve["x"], xs)
+        np.testing.assert_allclose(curve["mean"], mean)
+        np.testing.assert_allclose(curve["low"], low)
+        np.testing.assert_allclose(curve["high"], high)
+    assert {c["axis"] for c in data} == {"actor_steps", "wall_time_s"}
+
+
+def test_any_column_and_config_groups(tmp_path):
+    runs = [_make_run(str(tmp_path), f"seed{s}", s) for s in (0, 1, 2)]
+    # Another sigma: its own group (label says what differs), one run, no band.
+    other = _make_run(str(tmp_path), "sigma", 0, sigma=0.5)
+    out = str(tmp_path / "loss.png")
+    assert cli.main(["plot", *runs, other, "--metric", "critic_loss", "--out", out]) == 0
+    data = [c for c in plot.read_png_data(out) if c["axis"] == "actor_steps"]
+    by_group = {c["group"]: c for c in data}
+    assert set(by_group) == {
+        "cartpole:swingup sigma=0.3 (3 runs)",
+        "cartpole:swingup sigma=0.5 (1 run)",
+    }
+    mean, low, high = _hand([LOSSES[s] for s in (0, 1, 2)])
+    np.testing.assert_allclose(by_group["cartpole:swingup sigma=0.3 (3 runs)"]["mean"], mean)
+    np.testing.assert_allclose(by_group["cartpole:swingup sigma=0.3 (3 runs)"]["low"], low)
+    np.testing.assert_allclose(by_group["cartpole:swingup sigma=0.3 (3 runs)"]["high"], high)
+    single = by_group["cartpole:swingup sigma=0.5 (1 run)"]
+    np.testing.assert_allclose(single["mean"], LOSSES[0])
+    np.testing.assert_allclose(single["low"], single["high"])
+
+
+def test_runs_at_different_steps_are_interpolated_on_their_common_range(tmp_path):
+    a = _make_run(str(tmp_path), "a", 0, steps=[0, 1000, 2000, 3000], returns=[0, 10, 20, 30])
+    b = _make_run(str(tmp_path), "b", 1, steps=[500, 1500, 2500, 3500], returns=[5, 15, 25, 35])
+    out = str(tmp_path / "x.png")
+    assert cli.main(["plot", a, b, "--out", out]) == 0
+    curve = next(c for c in plot.read_png_data(out) if c["axis"] == "actor_steps")
+    np.testing.assert_allclose(curve["x"], [500, 1000, 1500, 2000, 2500, 3000])
+    # Both runs lie on y = x / 100: the mean too, and the two runs agree (zero-width band).
+    np.testing.assert_allclose(curve["mean"], np.array(curve["x"]) / 100)
+    np.testing.assert_allclose(curve["high"], curve["low"], atol=1e-9)
+
+
+def test_single_run_dir_still_works(tmp_path):
+    run = _make_run(str(tmp_path), "one", 0)
+    assert cli.main(["plot", "--run-dir", run]) == 0
+    data = plot.read_png_data(os.path.join(run, "eval_return.png"))
+    np.testing.assert_allclose(data[0]["mean"], RETURNS[0])
+
+
+def _error(capsys):
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    return lines[0]
+
+
+def test_bad_plot_input(tmp_path, capsys):
+    assert cli.main(["plot"]) == 2
+    assert "no runs to plot" in _error(capsys)
+    a = _make_run(str(tmp_path), "a", 0)
+    b = _make_run(str(tmp_path), "b", 1, task="walker:walk")
+    assert cli.main(["plot", a, b]) == 2
+    err = _error(capsys)
+    assert "different tasks (cartpole:swingup, walker:walk)" in err and "--group-by task" in err
+    out = str(tmp_path / "tasks.png")
+    assert cli.main(["plot", a, b, "--group-by", "task", "--out", out]) == 0
+    assert {c["group"] for c in plot.read_png_data(out)} == {
+        "cartpole:swingup (1 run)",
+        "walker:walk (1 run)",
+    }
+    capsys.readouterr()
+    assert cli.main(["plot", a, "--group-by", "colour"]) == 2
+    assert "--group-by colour" in _error(capsys)
+    assert cli.main(["plot", a, "--metric", "nope"]) == 1
+    assert "no 'nope' values" in _error(capsys)
+    assert cli.main(["plot", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in _error(capsys)
