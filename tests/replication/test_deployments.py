@@ -1,6 +1,5 @@
 """Spec parsing and the errors users see for bad specs or late device requests."""
 
-
 import pytest
 import tensorflow as tf
 
