@@ -36,6 +36,7 @@ RESUMABLE_CONFIG_KEYS = frozenset(
         "max_in_flight_samples_per_worker",
         "seed",
         "jit_compile",
+        "updates_per_call",
     }
 )
 
