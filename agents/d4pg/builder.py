@@ -15,7 +15,7 @@ import reverb
 
 import replication
 from agents.d4pg import networks
-from agents.d4pg.acting import D4PGActor
+from agents.d4pg.acting import BatchedD4PGActor, D4PGActor
 from agents.d4pg.adders import NStepTransitionAdder
 from agents.d4pg.config import D4PGConfig
 from agents.d4pg.learning import D4PGLearner, reverb_input_fn
@@ -25,6 +25,7 @@ from agents.d4pg.variables import VariableClient
 
 __all__ = [
     "make_actor",
+    "make_batched_actor",
     "make_environment",
     "make_evaluator",
     "make_learner",
@@ -111,6 +112,30 @@ def make_actor(
         adder=adder,
         sigma=config.sigma if with_noise else 0.0,
         seed=seed,
+    )
+
+
+def make_batched_actor(
+    config: D4PGConfig, env_spec, replay_address: str, seed: int, num_envs: int
+) -> BatchedD4PGActor:
+    """An actor for `num_envs` environments: one n-step adder each, one policy call per step.
+
+    Weights are pulled every `variable_update_period` environment steps over all of them.
+    """
+    client = reverb.Client(replay_address)
+    adders = [
+        NStepTransitionAdder(client, config.n_step, action_shape=env_spec.actions.shape)
+        for _ in range(num_envs)
+    ]
+    return BatchedD4PGActor(
+        policy=_make_policy(config, env_spec),
+        action_spec=env_spec.actions,
+        variable_client=VariableClient(client, update_period=1),
+        adders=adders,
+        num_envs=num_envs,
+        sigma=config.sigma,
+        seed=seed,
+        variable_update_period=config.variable_update_period,
     )
 
 
