@@ -23,6 +23,12 @@ from agents.d4pg.numpy_policy import NumpyPolicy
 from agents.d4pg.replay import make_replay_server
 from agents.d4pg.variables import VariableClient
 
+# Steps per Reverb chunk written by actors. Reverb's default chunks hold about n+1 steps,
+# so every step finalises and compresses chunks; 32-step chunks cut an actor's CPU per step
+# by ~40% (benchmarks/agents_actor_throughput.py) and left the learner's sampling cost
+# per batch unchanged within noise (docs/throughput.md).
+ACTOR_CHUNK_LENGTH = 32
+
 __all__ = [
     "make_actor",
     "make_batched_actor",
@@ -104,7 +110,12 @@ def make_actor(
     client = reverb.Client(replay_address)
     adder = None
     if with_adder:
-        adder = NStepTransitionAdder(client, config.n_step, action_shape=env_spec.actions.shape)
+        adder = NStepTransitionAdder(
+            client,
+            config.n_step,
+            action_shape=env_spec.actions.shape,
+            chunk_length=ACTOR_CHUNK_LENGTH,
+        )
     return D4PGActor(
         policy=_make_policy(config, env_spec),
         action_spec=env_spec.actions,
@@ -124,7 +135,12 @@ def make_batched_actor(
     """
     client = reverb.Client(replay_address)
     adders = [
-        NStepTransitionAdder(client, config.n_step, action_shape=env_spec.actions.shape)
+        NStepTransitionAdder(
+            client,
+            config.n_step,
+            action_shape=env_spec.actions.shape,
+            chunk_length=ACTOR_CHUNK_LENGTH,
+        )
         for _ in range(num_envs)
     ]
     return BatchedD4PGActor(

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 import reverb
+import tensorflow as tf
 
 import environments
-from agents.d4pg import networks
+from agents.d4pg import builder, networks
 from agents.d4pg.acting import BatchedD4PGActor, D4PGActor
 from agents.d4pg.adders import NStepTransitionAdder
 from agents.d4pg.config import D4PGConfig
@@ -21,6 +22,7 @@ TASK = "cartpole:balance"
 
 
 def _policy(config, spec, pixels=False):
+    tf.random.set_seed(1)
     nets = networks.make_networks(config, spec)
     act = spec.actions
     policy = NumpyPolicy(config, pixels=pixels, action_low=act.minimum, action_high=act.maximum)
@@ -56,6 +58,17 @@ def test_batched_policy_equals_single_calls(pixels):
     assert np.ptp(batched) > 1e-3  # Different observations, different actions.
 
 
+class _BangBangPolicy(NumpyPolicy):
+    """Actions +-0.5 by the sign of the policy's: batched and single matrix products may
+    round differently (1e-7), which the physics would amplify; signs do not change."""
+
+    def __call__(self, observation):
+        return np.where(super().__call__(observation) > 0, 0.5, -0.5).astype(np.float32)
+
+    def batch(self, observations):
+        return np.where(super().batch(observations) > 0, 0.5, -0.5).astype(np.float32)
+
+
 def _read_table(client, table):
     size = client.server_info()[table].current_size
     samples = client.sample(
@@ -68,7 +81,8 @@ def test_k_adders_write_the_items_of_k_single_actors():
     config = D4PGConfig.from_overrides({"policy_layers": "16,16", "n_step": 3})
     make = [lambda s=s: environments.make(TASK, seed=s, action_repeat=10) for s in SEEDS]
     spec = environments.make_environment_spec(make[0]())  # 100-step episodes.
-    policy = _policy(config, spec)
+    policy = _BangBangPolicy(config, pixels=False, action_low=-1.0, action_high=1.0)
+    policy.set_weights(_policy(config, spec)._weights)
     names = [f"{side}_{j}" for side in ("single", "batched") for j in range(K)]
     # FIFO queues return each writer's items in the order it wrote them.
     server = reverb.Server(
@@ -96,19 +110,20 @@ def test_k_adders_write_the_items_of_k_single_actors():
         assert sorted(r["env_index"] for r in reports) == sorted(2 * list(range(K)))
         assert all(r["episode_length"] == 100 for r in reports)
 
-        first = []
+        first, actions = [], set()
         for j in range(K):  # Reading a queue empties it: each table is read once.
             want, have = _read_table(client, f"single_{j}"), _read_table(client, f"batched_{j}")
             first.append(want[0].observation)
+            actions |= {float(w.action[0]) for w in want}
             assert len(want) == len(have) == 2 * 100
             for w, h in zip(want, have):
                 for field in w._fields:
                     a, b = getattr(w, field), getattr(h, field)
                     assert a.shape == b.shape, field
-                    # Batched and single matrix products may round differently (1e-7).
-                    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=field)
+                    np.testing.assert_array_equal(a, b, err_msg=field)
         # The environments really differ (distinct seeds), so routing errors would show.
         assert not np.allclose(first[0], first[1])
+        assert actions == {-0.5, 0.5}  # The policy depends on the observation.
     finally:
         server.stop()
 
@@ -140,3 +155,35 @@ def test_batched_actor_noise_and_weight_pulls_by_total_steps():
     for _ in range(10):  # 40 environment steps: a pull every 10 steps over all four.
         actor.update()
     assert source.pulls == 3  # At 12, 24, 36 steps (each call adds 4).
+
+
+def test_long_chunks_write_the_same_items():
+    """Actors write 32-step chunks (builder.ACTOR_CHUNK_LENGTH): items must not change."""
+    spec = environments.make_environment_spec(environments.make(TASK, seed=0))
+    server = reverb.Server(
+        [
+            reverb.Table.queue(name, max_size=10_000, signature=replay_signature(spec))
+            for name in ("default", "long")
+        ]
+    )
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        for table, chunk in (("default", None), ("long", builder.ACTOR_CHUNK_LENGTH)):
+            adder = NStepTransitionAdder(client, 5, (1,), table=table, chunk_length=chunk)
+            rng = np.random.default_rng(0)
+            env = environments.make(TASK, seed=5, action_repeat=10)  # 100-step episodes.
+            for _ in range(2):
+                timestep = env.reset()
+                adder.add_first(timestep)
+                while not timestep.last():
+                    action = rng.uniform(-1, 1, (1,)).astype(np.float32)
+                    timestep = env.step(action)
+                    adder.add(action, timestep)
+            adder.flush()
+        want, have = _read_table(client, "default"), _read_table(client, "long")
+        assert len(want) == len(have) == 200
+        for w, h in zip(want, have):
+            for field in w._fields:
+                np.testing.assert_array_equal(getattr(w, field), getattr(h, field), field)
+    finally:
+        server.stop()
