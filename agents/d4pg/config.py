@@ -49,7 +49,7 @@ class D4PGConfig:
     jit_compile: bool = True  # XLA-compile the forward/backward pass of the update.
     # Updates per compiled learner call, each on its own batch (the same maths as one per
     # call; the per-call overhead is paid once). Metrics are the mean over the call.
-    updates_per_call: int = 4
+    updates_per_call: int = 8
     # Replay.
     max_replay_size: int = 1_000_000
     min_replay_size: int = 1000
