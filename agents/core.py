@@ -52,6 +52,36 @@ class Actor(abc.ABC):
         """
 
 
+class BatchedActor(abc.ABC):
+    """An actor for K environments stepped in lockstep: one policy call per step for all K.
+
+    The batched environment loop calls `observe_first(i, t0)` when environment i starts an
+    episode, then per step `actions = select_actions(observations)` (stacked, [K, ...]),
+    `observe(i, actions[i], t_next)` for each environment, and `update()` once.
+    """
+
+    @property
+    @abc.abstractmethod
+    def num_envs(self) -> int:
+        """K, the number of environments (rows of `select_actions`)."""
+
+    @abc.abstractmethod
+    def select_actions(self, observations: NestedArray) -> np.ndarray:
+        """Returns K actions for K observations stacked on a leading axis."""
+
+    @abc.abstractmethod
+    def observe_first(self, index: int, timestep: dm_env.TimeStep) -> None:
+        """Records the first timestep of an episode of environment `index`."""
+
+    @abc.abstractmethod
+    def observe(self, index: int, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
+        """Records that `action` led environment `index` to `next_timestep`."""
+
+    @abc.abstractmethod
+    def update(self, wait: bool = False) -> None:
+        """Called once per step of all K environments: refreshes weights when due."""
+
+
 class VariableSource(abc.ABC):
     """Something that can hand out the current values of named groups of variables."""
 

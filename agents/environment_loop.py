@@ -92,3 +92,102 @@ def _sum_reward(reward) -> float:
     if reward is None:
         return 0.0
     return float(sum(np.sum(r) for r in tree.flatten(reward)))
+
+
+class BatchedEnvironmentLoop:
+    """Steps K environments in lockstep with one `core.BatchedActor` call per step.
+
+    An environment whose episode ended is reset at the next step, so all K keep stepping.
+    Each finished episode is reported like `EnvironmentLoop` does (one dict per episode,
+    with `env_index`); its `steps_per_second` is the loop's rate over all K environments
+    during that episode (K times the episode's own length per second).
+
+    Example:
+      loop = BatchedEnvironmentLoop([make_env(seed=s) for s in seeds], batched_actor)
+      reports = loop.run(num_episodes=10)
+    """
+
+    def __init__(
+        self,
+        environments: list[dm_env.Environment],
+        actor: core.BatchedActor,
+        logger: Logger | None = None,
+        should_update: bool = True,
+        label: str = "actor",
+    ):
+        if len(environments) != actor.num_envs:
+            raise ValueError(
+                f"{len(environments)} environments for an actor of {actor.num_envs}: "
+                "give the actor num_envs=len(environments)."
+            )
+        self._envs = list(environments)
+        self._actor = actor
+        self._logger = logger
+        self._should_update = should_update
+        self._label = label
+        self._timesteps: list[dm_env.TimeStep | None] = [None] * len(self._envs)
+        self._returns = [0.0] * len(self._envs)
+        self._lengths = [0] * len(self._envs)
+        self._starts = [0.0] * len(self._envs)
+        self.total_steps = 0
+        self.total_episodes = 0
+
+    def step(self) -> list[dict]:
+        """One step of every environment; returns the reports of episodes that ended."""
+        for i, timestep in enumerate(self._timesteps):
+            if timestep is None or timestep.last():
+                timestep = self._timesteps[i] = self._envs[i].reset()
+                self._actor.observe_first(i, timestep)
+                self._returns[i], self._lengths[i] = 0.0, 0
+                self._starts[i] = time.perf_counter()
+        actions = self._actor.select_actions(
+            np.stack([timestep.observation for timestep in self._timesteps])
+        )
+        reports = []
+        for i, env in enumerate(self._envs):
+            timestep = self._timesteps[i] = env.step(actions[i])
+            self._actor.observe(i, actions[i], timestep)
+            self._lengths[i] += 1
+            self._returns[i] += _sum_reward(timestep.reward)
+            if timestep.last():
+                reports.append(self._finish(i))
+        if self._should_update:
+            self._actor.update()
+        return reports
+
+    def _finish(self, i: int) -> dict:
+        self.total_steps += self._lengths[i]
+        self.total_episodes += 1
+        elapsed = max(time.perf_counter() - self._starts[i], 1e-9)
+        result = {
+            "label": self._label,
+            "env_index": i,
+            "episode_return": self._returns[i],
+            "episode_length": self._lengths[i],
+            "steps_per_second": self._lengths[i] * len(self._envs) / elapsed,
+            "total_steps": self.total_steps,
+            "total_episodes": self.total_episodes,
+        }
+        if self._logger is not None:
+            self._logger(result)
+        return result
+
+    def run_until_episode(self) -> list[dict]:
+        """Steps until at least one episode ends; returns the reports of those that did."""
+        while True:
+            reports = self.step()
+            if reports:
+                return reports
+
+    def run(self, num_episodes: int | None = None, num_steps: int | None = None) -> list[dict]:
+        """Steps until `num_episodes` episodes or `num_steps` steps (of finished episodes)."""
+        if num_episodes is None and num_steps is None:
+            raise ValueError("BatchedEnvironmentLoop.run needs num_episodes or num_steps.")
+        results: list[dict] = []
+        start_steps = self.total_steps
+        while not (
+            (num_episodes is not None and len(results) >= num_episodes)
+            or (num_steps is not None and self.total_steps - start_steps >= num_steps)
+        ):
+            results.extend(self.step())
+        return results

@@ -1,23 +1,26 @@
-"""Actor steps/s over raw env.step steps/s on cartpole:swingup features (target >= 0.7).
+"""One actor's steps/s over raw dm-control env.step of the unwrapped task, for K = 1, 4, 16.
 
-The actor does everything a distributed D4PG actor does: numpy policy (default 256x3
-layers), Gaussian noise, the n-step adder into a real Reverb server running in another
-process, and weight pulls from its "params" table every `variable_update_period` steps.
-Raw env steps and actor steps alternate one by one in the same run (two environments of
-the same task), so machine load affects both alike; the ratio of the medians of the
-per-round wall-clock steps/s is the result. The ratio of this thread's CPU time per step
-(time.thread_time) is reported too: it ignores other processes competing for the cores,
-but not the cache pollution they cause.
+"raw" is `dm_control.suite.load(domain, task).step(zero_action)`: the physics and the
+task's reward/observation code, nothing of ours. "actor K" is one process doing what a
+distributed D4PG actor with `--envs-per-actor K` does: K environments as the agent sees
+them (`environments.make`), the numpy policy (preset sizes) called once per step for all
+K, Gaussian noise, one n-step adder per environment into a real Reverb server running in
+another process, and weight pulls from its "params" table. K = 1 is the single actor
+(`D4PGActor`), as deployed without the flag.
 
-The replay table has no sample/insert rate limiting here (no learner samples from it),
-so the measurement is of the actor, not of a learner's pace.
+Both wall-clock steps/s and steps per second of process CPU time (`time.process_time`:
+every thread of this process, including Reverb's writer and gRPC threads) are reported.
+Blocks of --steps environment steps of each configuration run in rotated order over
+--rounds rounds; the result is the ratio of the medians. The 1-minute load average is
+recorded per round; with more than 2 (the core count) the result is marked noisy.
 
-Usage: .venv/bin/python benchmarks/agents_actor_throughput.py [--steps 5000 --rounds 3]
+Usage: python benchmarks/agents_actor_throughput.py [--steps 4000 --rounds 5 --ks 1,4,16]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -32,106 +35,165 @@ from agents_common import ReplayServerProcess, write_result
 TASK = "cartpole:swingup"
 
 
-def interleaved_rates(raw_env, actor_env, actor, steps: int) -> dict[str, float]:
-    """Alternates one raw env.step and one full actor step, `steps` times each.
+def _timed(run, steps: int) -> tuple[float, float]:
+    """(wall steps/s, process-CPU steps/s) of `run(steps)`, which returns the steps done."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    done = run(steps)
+    return done / (time.perf_counter() - wall), done / max(time.process_time() - cpu, 1e-9)
 
-    Interleaving step by step puts both under the same machine load (other processes'
-    bursts last milliseconds), which block-wise alternation does not. Returns wall-clock
-    and this thread's CPU-time steps/s of each.
-    """
-    zero = np.zeros(raw_env.action_spec().shape, np.float32)
-    raw_ts = raw_env.reset()
-    actor_ts = actor_env.reset()
-    actor.observe_first(actor_ts)
-    clock, cpu = time.perf_counter, time.thread_time
-    raw_wall = raw_cpu = actor_wall = actor_cpu = 0.0
-    for _ in range(steps):
-        w0, c0 = clock(), cpu()
-        if raw_ts.last():
-            raw_ts = raw_env.reset()
-        raw_ts = raw_env.step(zero)
-        w1, c1 = clock(), cpu()
-        if actor_ts.last():
-            actor_ts = actor_env.reset()
-            actor.observe_first(actor_ts)
-        action = actor.select_action(actor_ts.observation)
-        actor_ts = actor_env.step(action)
-        actor.observe(action, actor_ts)
-        actor.update()
-        w2, c2 = clock(), cpu()
-        raw_wall += w1 - w0
-        raw_cpu += c1 - c0
-        actor_wall += w2 - w1
-        actor_cpu += c2 - c1
-    return {
-        "raw": steps / raw_wall,
-        "actor": steps / actor_wall,
-        "raw_cpu": steps / raw_cpu,
-        "actor_cpu": steps / actor_cpu,
-    }
+
+def raw_runner(domain: str, task: str):
+    from dm_control import suite
+
+    env = suite.load(domain, task, task_kwargs={"random": 2})
+    zero = np.zeros(env.action_spec().shape, np.float64)
+    state = {"ts": env.reset()}
+
+    def run(steps: int) -> int:
+        ts = state["ts"]
+        for _ in range(steps):
+            if ts.last():
+                ts = env.reset()
+            ts = env.step(zero)
+        state["ts"] = ts
+        return steps
+
+    return run
+
+
+def single_runner(config, spec, address: str):
+    import environments
+    from agents.d4pg import builder
+
+    env = environments.make(TASK, seed=1)
+    actor = builder.make_actor(config, spec, address, seed=1)
+    state = {"ts": None}
+
+    def run(steps: int) -> int:  # The body of EnvironmentLoop.run_episode, step by step.
+        ts = state["ts"]
+        for _ in range(steps):
+            if ts is None or ts.last():
+                ts = env.reset()
+                actor.observe_first(ts)
+            action = actor.select_action(ts.observation)
+            ts = env.step(action)
+            actor.observe(action, ts)
+            actor.update()
+        state["ts"] = ts
+        return steps
+
+    return run, actor
+
+
+def batched_runner(config, spec, address: str, k: int):
+    import environments
+    from agents.d4pg import builder
+    from agents.environment_loop import BatchedEnvironmentLoop
+
+    envs = [environments.make(TASK, seed=100 + j) for j in range(k)]
+    actor = builder.make_batched_actor(config, spec, address, seed=1, num_envs=k)
+    loop = BatchedEnvironmentLoop(envs, actor)
+
+    def run(steps: int) -> int:
+        done = 0
+        while done < steps:
+            loop.step()
+            done += k
+        return done
+
+    return run, actor
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000, help="steps per block")
-    parser.add_argument("--rounds", type=int, default=10, help="raw/actor block pairs")
+    parser.add_argument("--steps", type=int, default=4000, help="environment steps per block")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ks", default="1,4,16")
+    parser.add_argument("--preset", default="quick", choices=["quick", "paper"])
     args = parser.parse_args()
 
     import reverb
 
     import environments
-    from agents.d4pg import builder, networks, variables
+    from agents.d4pg import networks, variables
     from agents.d4pg.config import D4PGConfig
+    from launch.d4pg_program import PRESETS
 
-    config = D4PGConfig.from_overrides({"samples_per_insert": 0, "min_replay_size": 1})
-    env = environments.make(TASK, seed=0)
-    spec = environments.make_environment_spec(env)
+    config = D4PGConfig.from_overrides(
+        {"samples_per_insert": 0, "min_replay_size": 1},
+        base=D4PGConfig.from_overrides(PRESETS[args.preset]),
+    )
+    ks = [int(k) for k in args.ks.split(",")]
+    spec = environments.make_environment_spec(environments.make(TASK, seed=0))
+    domain, task = TASK.split(":")
+    loads = [os.getloadavg()[0]]
     with ReplayServerProcess(config, TASK) as server:
         nets = networks.make_networks(config, spec)  # Published once, like a learner would.
         variables.publish(
             reverb.Client(server.address), 0, [v.numpy() for v in nets.acting_variables()]
         )
-        actor = builder.make_actor(config, spec, server.address, seed=1)
-        actor_env = environments.make(TASK, seed=1)
-        raw_env = environments.make(TASK, seed=2)
-        interleaved_rates(raw_env, actor_env, actor, 500)  # Warm-up (first pull, writer setup).
-        raw, acting, raw_cpu, acting_cpu = [], [], [], []
-        for _ in range(args.rounds):
-            rates = interleaved_rates(raw_env, actor_env, actor, args.steps)
-            raw.append(rates["raw"])
-            acting.append(rates["actor"])
-            raw_cpu.append(rates["raw_cpu"])
-            acting_cpu.append(rates["actor_cpu"])
+        runners = {"raw": raw_runner(domain, task)}
+        actors = {}
+        for k in ks:
+            if k == 1:
+                runners["k1"], actors["k1"] = single_runner(config, spec, server.address)
+            else:
+                name = f"k{k}"
+                runners[name], actors[name] = batched_runner(config, spec, server.address, k)
+        for run in runners.values():  # Warm-up: first pull, writer setup, caches.
+            run(500)
+        names = list(runners)
+        wall = {name: [] for name in names}
+        cpu = {name: [] for name in names}
+        for r in range(args.rounds):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                w, c = _timed(runners[name], args.steps)
+                wall[name].append(w)
+                cpu[name].append(c)
+            loads.append(os.getloadavg()[0])
             print(
-                f"raw {raw[-1]:.0f} steps/s   actor {acting[-1]:.0f} steps/s   "
-                f"ratio {acting[-1] / raw[-1]:.2f}   (CPU-time ratio "
-                f"{acting_cpu[-1] / raw_cpu[-1]:.2f})",
+                f"round {r}: "
+                + ", ".join(f"{n} {wall[n][-1]:.0f}/s ({cpu[n][-1]:.0f}/cpu-s)" for n in names)
+                + f"; load {loads[-1]:.2f}",
                 flush=True,
             )
         items = reverb.Client(server.address).server_info()["replay"].current_size
-    ratio = statistics.median(acting) / statistics.median(raw)
-    cpu_ratio = statistics.median(acting_cpu) / statistics.median(raw_cpu)
+    median_wall = {n: statistics.median(v) for n, v in wall.items()}
+    median_cpu = {n: statistics.median(v) for n, v in cpu.items()}
+    ratio_wall = {n: median_wall[n] / median_wall["raw"] for n in names if n != "raw"}
+    ratio_cpu = {n: median_cpu[n] / median_cpu["raw"] for n in names if n != "raw"}
+    noisy = max(loads) > 2
+    for n in ratio_wall:
+        print(
+            f"actor {n}: {median_wall[n]:.0f} steps/s = {ratio_wall[n]:.2f} x raw (wall), "
+            f"{ratio_cpu[n]:.2f} x raw (process CPU time)"
+        )
     print(
-        f"actor/raw steps/s = {ratio:.2f} (target >= 0.7); CPU-time ratio {cpu_ratio:.2f}; "
-        f"{items} items written; weights version {actor.weights_version}"
+        f"raw env.step: {median_wall['raw']:.0f} steps/s; max load {max(loads):.2f}"
+        + (" (NOISY: load above the 2 cores)" if noisy else "")
     )
     write_result(
         "agents_actor_throughput",
         {
             "task": TASK,
-            "steps_per_round": args.steps,
-            "rounds": args.rounds,
-            "raw_env_steps_per_second": raw,
-            "actor_steps_per_second": acting,
-            "ratio_of_medians": ratio,
-            "target": 0.7,
-            "raw_env_steps_per_cpu_second": raw_cpu,
-            "actor_steps_per_cpu_second": acting_cpu,
-            "cpu_time_ratio_of_medians": cpu_ratio,
-            "replay_items_written": int(items),
+            "preset": args.preset,
             "policy_layers": list(config.policy_layers),
             "n_step": config.n_step,
             "variable_update_period": config.variable_update_period,
+            "steps_per_block": args.steps,
+            "rounds": args.rounds,
+            "raw": "dm_control.suite.load(domain, task).step (unwrapped)",
+            "steps_per_second_wall_rounds": wall,
+            "steps_per_cpu_second_rounds": cpu,
+            "median_steps_per_second_wall": median_wall,
+            "median_steps_per_cpu_second": median_cpu,
+            "actor_over_raw_wall": ratio_wall,
+            "actor_over_raw_process_cpu": ratio_cpu,
+            "target_k16_wall": 0.8,
+            "replay_items_written": int(items),
+            "weights_version": {n: a.weights_version for n, a in actors.items()},
+            "load_average_1min_per_round": loads,
+            "noisy": noisy,
             "command": "python benchmarks/agents_actor_throughput.py " + " ".join(sys.argv[1:]),
         },
     )

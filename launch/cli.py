@@ -80,6 +80,12 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         help="number of actor nodes (default: %(default)s)",
     )
     d4pg.add_argument(
+        "--envs-per-actor",
+        type=int,
+        default=defaults.envs_per_actor,
+        help="environments each actor steps with one batched policy call (default: %(default)s)",
+    )
+    d4pg.add_argument(
         "--backend",
         choices=BACKENDS,
         default="local",
@@ -347,6 +353,8 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
 
     if args.actors < 1:
         raise LaunchError("--actors must be at least 1.")
+    if args.envs_per_actor < 1:
+        raise LaunchError("--envs-per-actor must be at least 1.")
     if args.steps < 1:
         raise LaunchError("--steps must be at least 1.")
     if args.eval_episodes < 1:
@@ -420,6 +428,7 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
     settings = d4pg_program.D4PGProgramSettings(
         task=task,
         num_actors=args.actors,
+        envs_per_actor=args.envs_per_actor,
         learner_replicas=args.learner_replicas,
         replay_port=args.replay_port,
         learner_checkpoint_every_steps=args.checkpoint_every,

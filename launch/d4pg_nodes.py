@@ -184,8 +184,17 @@ def learner(
     ctx.log(f"final learner checkpoint at step {agent.num_steps}: {path}")
 
 
-def actor(ctx, *, task: str, config: dict, replay_address: str, index: int) -> None:
-    """Runs noisy episodes, writing n-step transitions and pulling weights periodically."""
+def actor(
+    ctx, *, task: str, config: dict, replay_address: str, index: int, envs_per_actor: int = 1
+) -> None:
+    """Runs noisy episodes, writing n-step transitions and pulling weights periodically.
+
+    With `envs_per_actor` K > 1 this process steps K environments (seeds distinct per
+    environment) with one batched policy call per step; see `_batched_actor`.
+    """
+    if envs_per_actor > 1:
+        _batched_actor(ctx, task, config, replay_address, index, envs_per_actor)
+        return
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
     from agents.environment_loop import EnvironmentLoop  # pylint: disable=import-outside-toplevel
 
@@ -212,6 +221,48 @@ def actor(ctx, *, task: str, config: dict, replay_address: str, index: int) -> N
             steps_per_s=result["steps_per_second"],
             weights_version=agent.weights_version,
         )
+
+
+# Environment j > 0 of a batched actor adds j times this to the actor's seed: far apart
+# from the seeds of other actors (1000 apart) and of restarts (+1 each).
+_ENV_SEED_STRIDE = 10_000_019
+
+
+def _batched_actor(
+    ctx, task: str, config: dict, replay_address: str, index: int, num_envs: int
+) -> None:
+    """`actor` for K environments: episodes are counted and recorded one by one as above."""
+    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+    from agents.environment_loop import (  # pylint: disable=import-outside-toplevel
+        BatchedEnvironmentLoop,
+    )
+
+    cfg = _config(config)
+    seed = cfg.seed * 100_003 + 1000 * (index + 1) + ctx.attempt
+    seeds = [(seed + _ENV_SEED_STRIDE * j) % 2**31 for j in range(num_envs)]
+    made = [_environment(cfg, task, seed=s) for s in seeds]
+    envs, spec = [env for env, _ in made], made[0][1]
+    agent = builder.make_batched_actor(cfg, spec, replay_address, seed=seed, num_envs=num_envs)
+    loop = BatchedEnvironmentLoop(envs, agent, label=ctx.name)
+    version_key = f"weights_version_{ctx.name}"
+    ctx.log(f"acting in {num_envs} x {task} (seeds {seeds}); replay at {replay_address}")
+    while not ctx.should_stop():
+        try:
+            results = loop.run_until_episode()
+        except Exception:  # pylint: disable=broad-except
+            if ctx.should_stop() or ctx.wait(1.0):
+                return  # The replay server went away during shutdown.
+            raise
+        for result in results:
+            ctx.count(actor_steps=result["episode_length"], episodes=1)
+            ctx.record(
+                "episode",
+                episode_return=result["episode_return"],
+                steps_per_s=result["steps_per_second"],
+                weights_version=agent.weights_version,
+                env_index=result["env_index"],
+            )
+        ctx.gauge(**{version_key: agent.weights_version})
 
 
 def evaluator(

@@ -37,6 +37,7 @@ RESUMABLE_CONFIG_KEYS = frozenset(
         "max_in_flight_samples_per_worker",
         "seed",
         "jit_compile",
+        "updates_per_call",
     }
 )
 
@@ -68,6 +69,7 @@ class D4PGProgramSettings:
     Attributes:
       task: dm-control task, e.g. "cartpole:swingup".
       num_actors: Number of actor nodes.
+      envs_per_actor: Environments each actor process steps (one batched policy call).
       learner_replicas: `replication` spec of the learner, e.g. "cpu:2" or "gpu".
       replay_port: Port of the replay server (0: any free port).
       learner_checkpoint_every_steps: Learner checkpoint period in updates...
@@ -83,6 +85,7 @@ class D4PGProgramSettings:
 
     task: str = "cartpole:swingup"
     num_actors: int = 2
+    envs_per_actor: int = 1
     learner_replicas: str = "cpu"
     replay_port: int = 0
     learner_checkpoint_every_steps: int = 1000
@@ -161,7 +164,12 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
             Node(
                 f"actor_{i}",
                 f"{_NODES}:actor",
-                {**common, "replay_address": address, "index": i},
+                {
+                    **common,
+                    "replay_address": address,
+                    "index": i,
+                    "envs_per_actor": settings.envs_per_actor,
+                },
                 resources=Resources(cpus=1.0),
                 restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
                 stop_phase=1,

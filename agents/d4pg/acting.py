@@ -105,3 +105,94 @@ class D4PGActor(core.Actor):
             return
         if self._variables.update(wait=wait):
             self._policy.set_weights(self._variables.weights)
+
+
+class BatchedD4PGActor(core.BatchedActor):
+    """A D4PG actor for K environments: one policy call and one noise draw per step.
+
+    Each environment has its own n-step adder (its own trajectory writer), so the items
+    written are exactly those of K single actors. Weights are pulled when the steps of
+    all K environments together reach `variable_update_period` (as K single actors
+    would pull, in total), or at once with `update(wait=True)`.
+
+    Args:
+      policy: the numpy policy (its weights are replaced on each pull).
+      action_spec: bounds that noisy actions are clipped to.
+      variable_client: source of weights; called on every due pull (give it period 1).
+      adders: one n-step adder per environment (empty or None: nothing is written).
+      num_envs: K.
+      sigma: standard deviation of the Gaussian exploration noise (0: deterministic).
+      seed: seed of the exploration noise.
+      variable_update_period: environment steps (over all K) between weight pulls.
+    """
+
+    def __init__(
+        self,
+        policy: NumpyPolicy,
+        action_spec,
+        variable_client: VariableClient | None,
+        adders: list[NStepTransitionAdder] | None,
+        num_envs: int,
+        sigma: float = 0.0,
+        seed: int = 0,
+        variable_update_period: int = 1000,
+    ):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if adders and len(adders) != num_envs:
+            raise ValueError(f"Need one adder per environment: {len(adders)} for {num_envs}.")
+        _single_threaded_blas()
+        self._policy = policy
+        self._low = np.asarray(action_spec.minimum, np.float32)
+        self._high = np.asarray(action_spec.maximum, np.float32)
+        self._shape = (num_envs,) + tuple(action_spec.shape)
+        self._variables = variable_client
+        self._adders = list(adders or [])
+        self._num_envs = num_envs
+        self._sigma = np.float32(sigma)
+        self._rng = np.random.default_rng(seed)
+        self._period = max(1, int(variable_update_period))
+        self._steps_since_pull = 0
+
+    @property
+    def num_envs(self) -> int:
+        return self._num_envs
+
+    @property
+    def weights_version(self) -> int:
+        """The learner step of the weights in use (-1: none yet)."""
+        return self._variables.version if self._variables is not None else -1
+
+    def select_actions(self, observations) -> np.ndarray:
+        if not self._policy.has_weights:
+            self.update(wait=True)
+        actions = self._policy.batch(observations)
+        if self._sigma > 0:
+            actions += self._sigma * self._rng.standard_normal(self._shape, np.float32)
+            np.minimum(actions, self._high, out=actions)
+            np.maximum(actions, self._low, out=actions)
+        return actions
+
+    def observe_first(self, index: int, timestep: dm_env.TimeStep) -> None:
+        if self._adders:
+            self._adders[index].add_first(timestep)
+
+    def observe(self, index: int, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
+        if self._adders:
+            self._adders[index].add(action, next_timestep)
+
+    def update(self, wait: bool = False) -> None:
+        if self._variables is None:
+            if wait and not self._policy.has_weights:
+                raise RuntimeError(
+                    "This actor has no variable source and no weights: "
+                    "call policy.set_weights() first."
+                )
+            return
+        if not wait:
+            self._steps_since_pull += self._num_envs
+            if self._steps_since_pull < self._period:
+                return
+        self._steps_since_pull = 0
+        if self._variables.update(wait=wait):
+            self._policy.set_weights(self._variables.weights)

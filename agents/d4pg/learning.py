@@ -159,11 +159,19 @@ class D4PGLearner(core.Learner):
 
         self._input_fn = input_fn
         self._iterator = iter(replicator.distribute(input_fn))
+        # One compiled call runs `updates_per_call` updates: the per-call cost (Python,
+        # function dispatch, fetching the metrics) is paid once for all of them.
         self._train = tf.function(self._train_step)
         # XLA fuses the many small ops of the forward/backward pass (most of the time of a
         # small network's update is per-op overhead); state updates stay outside it.
         self._compute = tf.function(self._loss_and_gradients, jit_compile=config.jit_compile)
-        self._steps_since_publish = 0
+        # With one replica there are no collectives, so the whole update (optimisers,
+        # target copy, counter) compiles into one XLA computation: a small network's
+        # optimiser step is otherwise ~100 separately dispatched ops.
+        self._replica_step = self._step_fn
+        if config.jit_compile and replicator.num_replicas == 1:
+            self._replica_step = tf.function(self._step_fn, jit_compile=True)
+        self._published_at = 0  # num_steps at the last publish (see `step`).
 
         self._checkpoint = tf.train.Checkpoint(
             online=_as_module(self._online),
@@ -301,15 +309,33 @@ class D4PGLearner(core.Learner):
         }
 
     def _train_step(self, iterator) -> dict[str, tf.Tensor]:
-        per_replica = self._repl.run(self._step_fn, next(iterator))
-        return self._repl.reduce(per_replica, "mean")
+        """`updates_per_call` updates, each on its own batch; the mean of their metrics.
+
+        The updates after the first run in a `tf.while_loop` (not unrolled: the graph and
+        its compile time do not grow with K). Each update is exactly `_step_fn` as in a
+        call of one update: the counter it reads for the target copy was incremented by
+        the previous update, so targets are copied on the same update numbers.
+        """
+        num_updates = self._config.updates_per_call
+        metrics = self._repl.reduce(self._repl.run(self._replica_step, next(iterator)), "mean")
+        if num_updates == 1:
+            return metrics
+        for _ in tf.range(num_updates - 1):
+            more = self._repl.reduce(self._repl.run(self._replica_step, next(iterator)), "mean")
+            metrics = {name: metrics[name] + more[name] for name in metrics}
+        return {name: value / num_updates for name, value in metrics.items()}
 
     def step(self) -> dict[str, float]:
-        """One replicated update (publishing weights every `publish_period` updates).
+        """`config.updates_per_call` replicated updates in one compiled call.
+
+        Returns the mean of the updates' metrics. Weights are published when the update
+        counter crosses a multiple of `publish_period` during the call (one update per
+        call: every `publish_period` updates, when `num_steps` reaches each multiple).
 
         Raises:
           ReplayTimeoutError: the input ended, i.e. sampling timed out (only with a
-            `rate_limiter_timeout_ms` input); the next call samples again.
+            `rate_limiter_timeout_ms` input); the next call samples again. The updates
+            of the call done before the timeout are kept (`num_steps` counts them).
         """
         try:
             metrics = self._train(self._iterator)
@@ -319,8 +345,8 @@ class D4PGLearner(core.Learner):
                 "No replay batch within the sampling timeout: the rate limiter is waiting for "
                 "actors to insert more (or the replay has fewer than min_replay_size items)."
             ) from None
-        self._steps_since_publish += 1
-        if self._client is not None and self._steps_since_publish >= self._config.publish_period:
+        period = self._config.publish_period
+        if self._client is not None and self.num_steps // period > self._published_at // period:
             self.publish_variables()
         result = {name: float(value) for name, value in metrics.items()}
         self._support_monitor.observe(result)
@@ -371,7 +397,7 @@ class D4PGLearner(core.Learner):
             )
         (weights,) = self.get_variables(["policy"])
         variables.publish(self._client, self.num_steps, weights)
-        self._steps_since_publish = 0
+        self._published_at = self.num_steps
 
     def optimizer_state(self) -> list[np.ndarray]:
         """All optimiser variables (moments and step counts) as numpy, for tests/inspection."""

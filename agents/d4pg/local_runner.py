@@ -67,12 +67,19 @@ class _LearnerThread(threading.Thread):
 
     def run(self) -> None:
         try:
+            logged = self.learner.num_steps
             while not self.stop_requested.is_set():
                 try:
                     metrics = self.learner.step()
                 except ReplayTimeoutError:
                     continue  # Actors are evaluating or slow; check for a stop request.
-                if self._logger is not None and self.learner.num_steps % self._log_every == 0:
+                # A step may run several updates: log when it crosses a multiple of log_every.
+                steps = self.learner.num_steps
+                if (
+                    self._logger is not None
+                    and steps // self._log_every > logged // self._log_every
+                ):
+                    logged = steps
                     self._logger(
                         {"label": "learner", "learner_steps": self.learner.num_steps, **metrics}
                     )

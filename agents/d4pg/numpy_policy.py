@@ -136,3 +136,37 @@ class NumpyPolicy:
             a *= self._half_range
             a += self._low
         return a
+
+    def batch(self, observations: np.ndarray) -> np.ndarray:
+        """Actions [K, action_dim] for K observations stacked on a leading axis.
+
+        One matrix-matrix product per layer for all K: a batched actor pays the per-call
+        numpy overhead once per step instead of K times. Row i equals `self(observations[i])`.
+        """
+        if self._weights is None:
+            raise RuntimeError(
+                "NumpyPolicy has no weights yet: call set_weights() (actors: update())."
+            )
+        if self._pixels:
+            h = np.stack([self.embed(o) for o in observations])
+        else:
+            h = np.asarray(observations, np.float32).reshape(len(observations), -1)
+        w0, b0, scale, offset = self._first_centred
+        h = h @ w0  # Already centred per row: LayerNorm only scales and shifts.
+        h += b0
+        h *= scale / np.sqrt(np.einsum("ij,ij->i", h, h)[:, None] / h.shape[1] + _LN_EPS)
+        h += offset
+        np.tanh(h, out=h)
+        for w, b in self._mlp_rest:
+            h = h @ w
+            h += b
+            _elu_(h)
+        w, b = self._head
+        a = h @ w
+        a += b
+        np.tanh(a, out=a)
+        if not self._identity_scale:
+            a += 1.0
+            a *= self._half_range
+            a += self._low
+        return a

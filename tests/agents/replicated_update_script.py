@@ -68,7 +68,7 @@ def _all_state(learner: D4PGLearner):
     return online + target + learner.optimizer_state()
 
 
-def main(pixels: bool, clip: bool) -> dict:
+def main(pixels: bool, clip: bool, updates_per_call: int = 1) -> dict:
     spec = _spec(pixels)
     overrides = {
         "policy_layers": "16,16",
@@ -83,6 +83,7 @@ def main(pixels: bool, clip: bool) -> dict:
         "torso_output_size": 8,
         "policy_lr": 1e-4,
         "critic_lr": 1e-4,
+        "updates_per_call": updates_per_call,
     }
     # A small clipping norm so that clipping of the averaged gradient is exercised too.
     results = {}
@@ -126,14 +127,18 @@ def main(pixels: bool, clip: bool) -> dict:
                 metrics_one["dqda_clip_fraction"],
             ],
             "replicas": [REPL_2.num_replicas, REPL_1.num_replicas],
+            "updates_per_call": updates_per_call,
         }
     return results
 
 
 if __name__ == "__main__":
-    # Features with clipping (the all-reduce-then-clip path), pixels without (conv torso).
-    print(
-        "RESULT "
-        + json.dumps({"features": main(False, clip=True), "pixels": main(True, clip=False)})
-    )
+    # Features with clipping (the all-reduce-then-clip path), pixels without (conv torso),
+    # and 3 updates per compiled call (a target copy, period 2, falls inside each call).
+    results = {
+        "features": main(False, clip=True),
+        "pixels": main(True, clip=False),
+        "fused": main(False, clip=True, updates_per_call=3),
+    }
+    print("RESULT " + json.dumps(results))
     sys.stdout.flush()

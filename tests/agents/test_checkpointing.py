@@ -60,7 +60,8 @@ def test_learner_restore_gives_identical_weights_optimiser_state_and_step(tmp_pa
     for _ in range(3):
         first.step()
     path = first.save()
-    assert path and first.num_steps == 3
+    steps = 3 * CONFIG.updates_per_call  # Each step() runs updates_per_call updates.
+    assert path and first.num_steps == steps
     saved = _state(first)
 
     second = D4PGLearner(CONFIG, SPEC, repl, _input_fn, checkpoint_dir=str(tmp_path))
@@ -69,7 +70,7 @@ def test_learner_restore_gives_identical_weights_optimiser_state_and_step(tmp_pa
         for a, b in zip(second.get_variables(["all"])[0], first.get_variables(["all"])[0])
     )
     assert second.restore() is True
-    assert second.num_steps == 3
+    assert second.num_steps == steps
     # Optimiser slots are created on the first update; they must come back all the same.
     restored = _state(second)
     assert len(restored) == len(saved) and len(second.optimizer_state()) > 0

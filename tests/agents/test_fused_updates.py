@@ -1,0 +1,108 @@
+"""K updates in one compiled call equal K calls of one update (same data, same state)."""
+
+import numpy as np
+import pytest
+import reverb
+import tensorflow as tf
+from dm_env import specs
+
+import replication
+from agents.d4pg import variables
+from agents.d4pg.config import D4PGConfig
+from agents.d4pg.learning import D4PGLearner, Transition
+from agents.d4pg.replay import make_replay_server
+from environments import EnvironmentSpec
+
+pytestmark = pytest.mark.timeout(300)
+
+SPEC = EnvironmentSpec(
+    observations=specs.Array((5,), np.float32),
+    actions=specs.BoundedArray((2,), np.float32, -1.0, 1.0),
+    rewards=specs.Array((), np.float32),
+    discounts=specs.BoundedArray((), np.float32, 0.0, 1.0),
+)
+BATCH = 8
+BASE = {
+    "policy_layers": "16,16",
+    "critic_layers": "32,16",
+    "num_atoms": 11,
+    "vmin": -20,
+    "vmax": 20,
+    "batch_size": BATCH,
+    # 3 does not divide 4: target copies at updates 0, 3 and 6 fall inside fused calls.
+    "target_update_period": 3,
+    "policy_lr": 1e-3,
+    "critic_lr": 1e-3,
+    "max_gradient_norm": 0.5,  # Small enough that clipping is active.
+}
+
+
+def _input_fn(ctx):
+    # 16 distinct batches in a fixed order: every update of a call sees a different one.
+    rng = np.random.default_rng(0)
+    rows = 16 * BATCH
+    data = Transition(
+        rng.normal(size=(rows, 5)).astype(np.float32),
+        rng.uniform(-1, 1, (rows, 2)).astype(np.float32),
+        rng.normal(5, 3, rows).astype(np.float32),
+        rng.choice([0.0, 0.95], rows).astype(np.float32),
+        rng.normal(size=(rows, 5)).astype(np.float32),
+    )
+    return tf.data.Dataset.from_tensor_slices(data).batch(BATCH).repeat()
+
+
+def _learner(updates_per_call: int, publish_period: int = 10, **kwargs) -> D4PGLearner:
+    config = D4PGConfig.from_overrides(
+        {**BASE, "updates_per_call": updates_per_call, "publish_period": publish_period}
+    )
+    return D4PGLearner(config, SPEC, replication.make("cpu"), _input_fn, **kwargs)
+
+
+def _state(learner):
+    online, target = learner.get_variables(["all", "target"])
+    return online + target + learner.optimizer_state()
+
+
+def test_four_fused_updates_equal_four_single_updates():
+    fused, single = _learner(4), _learner(1)
+    for src, dst in zip(
+        fused.networks.all_variables() + fused.target_networks.all_variables(),
+        single.networks.all_variables() + single.target_networks.all_variables(),
+    ):
+        dst.assign(src.numpy())
+    initial_target = [v.copy() for v in single.get_variables(["target"])[0]]
+
+    fused_metrics = [fused.step() for _ in range(2)]
+    single_metrics = [single.step() for _ in range(8)]
+
+    assert fused.num_steps == single.num_steps == 8
+    state_fused, state_single = _state(fused), _state(single)
+    assert len(state_fused) == len(state_single) and len(fused.optimizer_state()) > 0
+    for a, b in zip(state_fused, state_single):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # The target networks really were copied inside a fused call (at update 6).
+    target_now = single.get_variables(["target"])[0]
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(target_now, initial_target)) > 1e-4
+    # A fused call reports the mean of its updates' metrics.
+    for call, metrics in enumerate(fused_metrics):
+        for name, value in metrics.items():
+            expected = np.mean([m[name] for m in single_metrics[4 * call : 4 * call + 4]])
+            np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_are_published_when_a_call_crosses_a_multiple_of_the_period():
+    server = make_replay_server(D4PGConfig.from_overrides(BASE), SPEC)
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        learner = _learner(4, publish_period=6, replay_client=client)
+        learner.publish_variables()  # As `builder.make_learner` does: version 0.
+        source = variables.VariableClient(client)
+        published = []
+        for _ in range(5):  # Calls end at updates 4, 8, 12, 16, 20.
+            learner.step()
+            source.update(wait=True)
+            published.append(source.version)
+        # 8 crosses 6, 12 reaches 12, 16 crosses nothing, 20 crosses 18.
+        assert published == [0, 8, 12, 12, 20]
+    finally:
+        server.stop()

@@ -1,0 +1,66 @@
+"""`replicator launch d4pg --envs-per-actor K`: one actor process steps K environments."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launch import cli
+from tests.launch import d4pg_support as s
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_batched_actor_launch_runs_end_to_end(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "launch",
+            "d4pg",
+            "--backend",
+            "local",
+            "--env",
+            s.TASK,
+            "--actors",
+            "1",
+            "--envs-per-actor",
+            "3",
+            "--steps",
+            "1200",
+            "--run-dir",
+            run_dir,
+            "--eval-every",
+            "2",
+            "--eval-episodes",
+            "1",
+            "--progress-every",
+            "2",
+            *s.TINY_FLAGS,
+        ],
+        cwd=s.REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Finished: " in proc.stdout
+    episodes = s.records(run_dir, "actor_0", "episode")
+    # Three environments in one process, each reporting its own 200-step episodes.
+    assert {r["env_index"] for r in episodes} == {0, 1, 2}
+    assert len(episodes) >= 6
+    assert "acting in 3 x" in s.log_text(run_dir, "actor_0")
+    assert s.records(run_dir, "evaluator", "eval")  # The evaluator ran as before.
+    assert s.gauge(run_dir, "learner_steps", "learner") > 0
+
+
+def test_envs_per_actor_must_be_positive(tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--envs-per-actor", "0"]) == 2
+    captured = capsys.readouterr()
+    assert "--envs-per-actor must be at least 1" in captured.err
+    assert not os.path.exists(run_dir)
