@@ -38,6 +38,7 @@ BASE = {
     "critic_lr": 3e-2,
     "target_update_period": 100,
     "jit_compile": False,
+    "updates_per_call": 1,  # One update per step() call: these tests count single updates.
 }
 LN_EPS = 1e-5
 ADAM_EPS = 1e-8

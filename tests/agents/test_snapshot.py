@@ -33,6 +33,7 @@ CONFIG = D4PGConfig.from_overrides(
         "policy_lr": 1e-2,
         "critic_lr": 1e-2,
         "jit_compile": False,
+        "updates_per_call": 1,
     }
 )
 
