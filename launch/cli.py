@@ -27,7 +27,7 @@ from launch.errors import LaunchError
 
 _PROG = "replicator"
 # Modules that may register `replicator train NAME` (each has `register(subparsers)`).
-_TRAIN_MODULES = ("vision.resnet_cli", "vision.sngan_cli")
+_TRAIN_MODULES = ("vision.resnet.cli", "vision.sngan.cli")
 
 
 class _Parser(argparse.ArgumentParser):

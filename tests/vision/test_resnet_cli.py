@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vision import resnet_cli, training_common
+from vision.common import run_dir as training_common
+from vision.resnet import cli as resnet_cli
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -183,7 +184,7 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "vision.resnet_cli",
+        "vision.resnet.cli",
         "train",
         "resnet50",
         *SMALL,

@@ -12,7 +12,10 @@ import pytest
 import tensorflow as tf
 
 from tests import support
-from vision import digits_classifier, gan_metrics, sngan_cli, training_common
+from vision.common import run_dir as training_common
+from vision.metrics import digits_classifier
+from vision.metrics import gan as gan_metrics
+from vision.sngan import cli as sngan_cli
 
 
 def _cli(*args):
@@ -30,9 +33,9 @@ def classifier_dir(tmp_path_factory):
 
 
 def test_digits_classifier_checkpoint_is_accurate(classifier_dir):
-    from vision import gan_data  # pylint: disable=import-outside-toplevel
+    from vision import data  # pylint: disable=import-outside-toplevel
 
-    images, labels = gan_data.load_digits(16, "eval").arrays()
+    images, labels = data.Digits().arrays("eval", 16, task="gan", channels=1)
     _, logits = gan_metrics.Classifier(classifier_dir)(images)
     assert np.mean(np.argmax(logits, 1) == labels) >= 0.97
 
@@ -60,6 +63,10 @@ def test_sngan_learns_class_conditional_digits(tmp_path, classifier_dir):
             "1e-3",
             "--d-lr",
             "2e-3",
+            "--beta2",
+            "0.999",
+            "--lr-decay",
+            "constant",
             "--seed",
             "0",
             "--classifier",
@@ -205,7 +212,7 @@ def test_batch_not_divisible_by_replicas(tmp_path):
         [
             sys.executable,
             "-m",
-            "vision.sngan_cli",
+            "vision.sngan.cli",
             "train",
             "sngan",
             "--replicas",

@@ -5,7 +5,7 @@ import pytest
 import scipy.linalg
 import tensorflow as tf
 
-from vision import gan_metrics
+from vision.metrics import gan as gan_metrics
 
 
 def _random_spd(rng, dim):
@@ -86,7 +86,7 @@ def test_inception_score_matches_numpy_and_is_bounded():
     k = 10
     for scale in (0.1, 1.0, 5.0):
         logits = scale * rng.randn(500, k)
-        score, std = gan_metrics.inception_score(logits)
+        score, std = gan_metrics.inception_score(logits, splits=1)
         assert score == pytest.approx(_numpy_inception_score(logits), rel=1e-9)
         assert 1.0 <= score <= k and std == 0.0
 
@@ -94,11 +94,11 @@ def test_inception_score_matches_numpy_and_is_bounded():
 def test_inception_score_extremes():
     k = 10
     confident = 100.0 * np.eye(k)[np.arange(1000) % k]  # sure of each class, classes uniform
-    assert gan_metrics.inception_score(confident)[0] == pytest.approx(k, rel=1e-6)
+    assert gan_metrics.inception_score(confident, splits=1)[0] == pytest.approx(k, rel=1e-6)
     one_class = 100.0 * np.eye(k)[np.zeros(1000, int)]  # sure, but always the same class
-    assert gan_metrics.inception_score(one_class)[0] == pytest.approx(1.0, rel=1e-6)
+    assert gan_metrics.inception_score(one_class, splits=1)[0] == pytest.approx(1.0, rel=1e-6)
     unsure = np.zeros((1000, k))  # uniform predictions
-    assert gan_metrics.inception_score(unsure)[0] == pytest.approx(1.0, rel=1e-9)
+    assert gan_metrics.inception_score(unsure, splits=1)[0] == pytest.approx(1.0, rel=1e-9)
     mean, std = gan_metrics.inception_score(confident, splits=10)
     assert mean == pytest.approx(k, rel=1e-6) and std == pytest.approx(0.0, abs=1e-6)
 
@@ -132,6 +132,7 @@ def test_saved_classifier_round_trip(tmp_path):
         images,
         labels=np.argmax(expected_logits, 1),
         reference_statistics=gan_metrics.gaussian_statistics(expected_features.numpy()),
+        splits=1,
     )
     assert results["class_accuracy"] == 1.0
     assert results["fid"] == pytest.approx(0.0, abs=1e-3)
