@@ -163,15 +163,21 @@ class ClassificationConfig:
 
 
 def learning_rate(step: tf.Tensor, config: ClassificationConfig) -> tf.Tensor:
-    """The learning rate at `step` (0-based): linear warmup, then cosine or step decay."""
+    """The learning rate at `step` (0-based): linear warmup, then cosine or step decay.
+
+    A config whose length is not resolved yet (`steps` None) does not decay.
+    """
     step = tf.cast(step, tf.float32)
     peak = config.peak_learning_rate
     warmup = float(config.resolved_warmup_steps)
-    total = float(config.steps)
-    if config.schedule == "cosine":
+    if config.steps is None:
+        decayed = tf.constant(peak)
+    elif config.schedule == "cosine":
+        total = float(config.steps)
         progress = tf.clip_by_value((step - warmup) / max(total - warmup, 1.0), 0.0, 1.0)
         decayed = peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
     else:
+        total = float(config.steps)
         passed = tf.add_n(
             [tf.cast(step >= b * total, tf.float32) for b in config.step_boundaries]
             or [tf.constant(0.0)]
