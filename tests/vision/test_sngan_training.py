@@ -131,12 +131,15 @@ def _checkpoint_values(run, step):
 
 @pytest.fixture(scope="module")
 def tiny_runs(tmp_path_factory):
-    """A run of 4 steps, and one of 2 steps resumed (with its saved settings) to 4."""
+    """A run of 4 steps, and one stopped at step 2 and resumed (with its saved settings) to 4.
+
+    (The learning rates decay over --steps, so the interrupted run must keep --steps 4.)
+    """
     root = tmp_path_factory.mktemp("tiny_runs")
     straight, resumed = str(root / "straight"), str(root / "resumed")
     assert _cli("--run-dir", straight, "--steps", "4", *_TINY) == 0
-    assert _cli("--run-dir", resumed, "--steps", "2", *_TINY) == 0
-    assert _cli("--run-dir", resumed, "--steps", "4") == 0
+    assert _cli("--run-dir", resumed, "--steps", "4", "--stop-at", "2", *_TINY) == 0
+    assert _cli("--run-dir", resumed) == 0
     return straight, resumed
 
 
