@@ -201,3 +201,49 @@ def test_folder_errors(tmp_path):
     (tmp_path / "bad" / "a" / "0.png").write_bytes(b"not a png")
     with pytest.raises(data.DataError, match="cannot decode"):
         data.open_dataset(str(tmp_path / "bad"))
+
+
+def test_standing_statistics_are_the_ema_generators_own_and_change_nothing_after():
+    import replication
+    from vision.common.normalization import BatchNorm
+    from vision.sngan import training
+
+    repl = replication.make("cpu")
+    config = sngan_learner.SNGANConfig(
+        image_size=8,
+        channels=1,
+        latent_dim=8,
+        g_base_channels=4,
+        d_base_channels=4,
+        global_batch_size=8,
+        disc_steps=1,
+        ema_start=0,
+        ema_decay=0.5,
+        standing_samples=64,
+    )
+    learner = sngan_learner.SNGANLearner(config, repl)
+    iterator = iter(repl.distribute(training.learner_input_fn(data.open_dataset("digits"), config)))
+    for _ in range(3):
+        learner.train_step(iterator)
+    ema = learner.generator_ema
+    bn = ema.blocks[0].bn1.batch_norm  # normalises the reshaped output of the first linear layer
+    state = [v.numpy() for v in learner._ema_statistics()]  # pylint: disable=protected-access
+    assert len(state) == 6 * sum(isinstance(m, BatchNorm) for m in ema.submodules)
+    trained_mean = np.ravel(bn.moving_mean.value)
+
+    with learner.standing_statistics(seed=5):
+        z = tf.random.stateless_normal([64, 8], tf.constant([5, -1], tf.int64))
+        h = tf.reshape(ema.linear(z), [64, 4, 4, -1]).numpy()
+        np.testing.assert_allclose(
+            np.ravel(bn.moving_mean.value), h.mean(axis=(0, 1, 2)), rtol=1e-4, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            np.ravel(bn.moving_variance.value), h.var(axis=(0, 1, 2)), rtol=1e-4, atol=1e-5
+        )
+        # Not what training left there (the averaged statistics of other weights).
+        assert not np.allclose(np.ravel(bn.moving_mean.value), trained_mean, atol=1e-3)
+        inside = learner.sample(np.arange(10), seed=1).numpy()
+    # On exit the training state is back, bit for bit.
+    for before, variable in zip(state, learner._ema_statistics()):  # pylint: disable=protected-access
+        np.testing.assert_array_equal(before, variable.numpy())
+    assert not np.allclose(inside, learner.sample(np.arange(10), seed=1).numpy(), atol=1e-4)
