@@ -77,9 +77,7 @@ def test_two_workers_train_exactly_like_one_with_the_same_global_batch(tmp_path)
     assert sorted(os.listdir(two)) == sorted(os.listdir(one))
     with open(os.path.join(two, run_dir_lib.INVOCATIONS_FILE)) as f:
         assert len(f.read().splitlines()) == 1
-    rows = collections.Counter(
-        (row["step"], row["name"]) for row in run_dir_lib.read_metrics(two)
-    )
+    rows = collections.Counter((row["step"], row["name"]) for row in run_dir_lib.read_metrics(two))
     assert rows and max(rows.values()) == 1
     config = json.load(open(os.path.join(two, "config.json")))["config"]
     assert (config["workers"], config["replicas"], config["batch_size"]) == (2, "multiworker", 16)
@@ -91,7 +89,9 @@ def test_two_workers_train_exactly_like_one_with_the_same_global_batch(tmp_path)
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-5, atol=1e-5, err_msg=name)
     losses = {
-        cli: {r["step"]: r["value"] for r in run_dir_lib.read_metrics(d) if r["name"] == "train/loss"}
+        cli: {
+            r["step"]: r["value"] for r in run_dir_lib.read_metrics(d) if r["name"] == "train/loss"
+        }
         for cli, d in (("one", one), ("two", two))
     }
     assert sorted(losses["two"]) == [2, 4, 6]
