@@ -37,7 +37,9 @@ REPLICATORS = {
 
 import tensorflow as tf  # noqa: E402
 
-from vision import gan_data, sngan_learner  # noqa: E402
+from vision import data  # noqa: E402
+from vision.sngan import learning as sngan_learner  # noqa: E402
+from vision.sngan import training  # noqa: E402
 
 
 def build(repl, batch_size, args):
@@ -52,8 +54,8 @@ def build(repl, batch_size, args):
         disc_steps=args.disc_steps,
     )
     learner = sngan_learner.SNGANLearner(config, repl)
-    source = gan_data.load_digits(args.image_size, "train")
-    iterator = iter(repl.distribute(gan_data.make_input_fn(source, learner.per_replica_batch_size)))
+    dataset = data.open_dataset("digits")
+    iterator = iter(repl.distribute(training.learner_input_fn(dataset, config)))
     return lambda: {k: float(v) for k, v in learner.train_step(iterator).items()}
 
 

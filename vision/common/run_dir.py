@@ -41,6 +41,17 @@ METRICS_FILE = "metrics.csv"
 INVOCATIONS_FILE = "invocations.jsonl"
 LOCK_FILE = ".lock"
 CHECKPOINTS = "checkpoints"
+# Config keys every trainer lets a resume change: how long to train, on which hardware,
+# how often to report. Trainers add their own (e.g. "classifier").
+RESUMABLE_KEYS = (
+    "steps",
+    "replicas",
+    "workers",
+    "log_every",
+    "eval_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+)
 
 
 class RunDirError(ValueError):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 import replication
 from vision.common import loop
 from vision.common import precision as precision_lib
+from vision.common import run_dir as run_dir_lib
 from vision.common.cli import ConfigError
 from vision.common.run_dir import RunDir, saved_config
 from vision.common.workers import WorkerRole
@@ -27,17 +28,7 @@ from vision.resnet.learning import ClassificationConfig, Classifier, build_model
 KIND = "resnet50"
 # Keys that may change when a run directory is resumed: how long to train,
 # on which hardware, and how often to report. Everything else must match.
-RESUMABLE_KEYS = (
-    "steps",
-    "epochs",
-    "replicas",
-    "workers",
-    "log_every",
-    "eval_every",
-    "evaluate",
-    "checkpoint_every",
-    "keep_checkpoints",
-)
+RESUMABLE_KEYS = (*run_dir_lib.RESUMABLE_KEYS, "epochs", "evaluate")
 
 
 def train(

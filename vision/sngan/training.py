@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import replication
 from vision.common import loop
+from vision.common import run_dir as run_dir_lib
 from vision.common.cli import ConfigError
 from vision.common.run_dir import RunDir, RunDirError
 from vision.common.workers import WorkerRole
@@ -37,16 +38,10 @@ from vision.sngan.learning import SNGANConfig, SNGANLearner
 KIND = "sngan"
 # Keys that may change when a run directory is resumed (length, hardware, reporting).
 RESUMABLE_KEYS = (
-    "steps",
+    *run_dir_lib.RESUMABLE_KEYS,
     "total_steps",
-    "replicas",
-    "workers",
     "classifier",
-    "eval_every",
     "eval_samples",
-    "log_every",
-    "checkpoint_every",
-    "keep_checkpoints",
     "grid_classes",
     "grid_columns",
 )
