@@ -72,6 +72,7 @@ def main() -> int:
     args = parser.parse_args()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
 
+    load_at_start = os.getloadavg()[0]
     steps = {}
     for batch in batch_sizes:
         for spec, repl in REPLICATORS.items():
@@ -137,6 +138,9 @@ def main() -> int:
             "note": "2-core machine shared with other engineers' TensorFlow jobs; "
             "timings are noisy (see load average).",
         },
+        "load_average_at_start": load_at_start,
+        # 2 cores: a 1-minute load average above 2 means other jobs competed for them.
+        "noisy": max(load_at_start, os.getloadavg()[0]) > 2.0,
         "date": time.strftime("%Y-%m-%d"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
