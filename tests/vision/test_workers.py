@@ -114,3 +114,13 @@ def test_bad_worker_requests_exit_2_and_write_nothing(tmp_path, capsys, main):
         err = capsys.readouterr().err.strip()
         assert message in err and "\n" not in err, err
         assert not os.path.exists(run_dir)
+
+
+def test_gpus_are_dealt_out_so_no_two_workers_share_one():
+    from vision.common.workers import split_gpus
+
+    assert split_gpus([], 3) == [None, None, None]  # no GPUs: nothing to split
+    assert split_gpus(["0", "1", "2", "3"], 2) == ["0,1", "2,3"]
+    assert split_gpus(["4", "5", "7"], 2) == ["4,5", "7"]
+    with pytest.raises(ValueError, match="at least 3 GPUs"):
+        split_gpus(["0", "1"], 3)

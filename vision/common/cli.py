@@ -205,7 +205,10 @@ def _spawn_workers(args, kind, module, config, config_to_dict, global_batch) -> 
     values["replicas"] = "multiworker"
     values["workers"] = workers
     command = [sys.executable, "-m", module, "train", kind, "--run-dir", args.run_dir]
-    code = spawn(command, workers, values, args.stop_at)
+    try:
+        code = spawn(command, workers, values, args.stop_at)
+    except ValueError as error:  # e.g. fewer GPUs than workers
+        raise ConfigError(str(error)) from None
     if code == 0:
         print(f"Run directory: {args.run_dir}")
     return code

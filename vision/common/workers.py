@@ -4,7 +4,9 @@
 worker's loopback address; each builds `replication.make("multiworker",
 workers=..., task_index=i)` (MultiWorkerMirroredStrategy: gRPC collectives
 between the processes, each process using its local devices: one CPU without
-GPUs). The global batch is split over all K x local replicas.
+GPUs; the machine's GPUs are dealt out between the workers through
+CUDA_VISIBLE_DEVICES, so no two processes share one). The global batch is split
+over all K x local replicas.
 
 Only worker 0, the chief, writes into the run directory (config, metrics,
 TensorBoard, checkpoints, samples); the other workers read the saved config
@@ -79,6 +81,45 @@ def loopback_addresses(count: int) -> list[str]:
             sock.close()
 
 
+def split_gpus(gpus: Sequence[str], workers: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES of each worker: the GPUs dealt out in contiguous groups.
+
+    Two processes must never both take all of a GPU's memory, so each worker sees
+    only its own GPUs (None: no GPUs at all, leave the variable alone).
+
+    Raises:
+      ValueError: fewer GPUs than workers.
+    """
+    if not gpus:
+        return [None] * workers
+    if len(gpus) < workers:
+        raise ValueError(
+            f"{workers} workers need at least {workers} GPUs but {len(gpus)} are visible "
+            f"({','.join(gpus)}); use fewer --workers, or --replicas gpu in one process."
+        )
+    per_worker, extra = divmod(len(gpus), workers)
+    groups, start = [], 0
+    for index in range(workers):
+        size = per_worker + (index < extra)
+        groups.append(",".join(gpus[start : start + size]))
+        start += size
+    return groups
+
+
+def visible_gpus() -> list[str]:
+    """This machine's GPU ids as CUDA numbers them (CUDA_VISIBLE_DEVICES, else nvidia-smi)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
 def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("TF_CONFIG", None)  # the cluster is given explicitly
@@ -99,9 +140,13 @@ def spawn(
 
     The status is the chief's, or that of the first worker that failed.
     """
+    gpus = split_gpus(visible_gpus(), workers)
     addresses = tuple(loopback_addresses(workers))
     logs, processes = [], []
     for index in range(workers):
+        env = _child_env()
+        if gpus[index] is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[index]
         role = WorkerRole(index, addresses)
         argv = [*command, "--worker", role.to_json(config, stop_at)]
         if index == 0:  # the chief speaks for the run
@@ -109,9 +154,7 @@ def spawn(
         else:
             out = tempfile.TemporaryFile(mode="w+", prefix=f"worker{index}-")
             logs.append(out)
-        processes.append(
-            subprocess.Popen(argv, env=_child_env(), stdout=out, stderr=out, text=True)
-        )
+        processes.append(subprocess.Popen(argv, env=env, stdout=out, stderr=out, text=True))
     previous = {}
     stopping = []
 
