@@ -124,3 +124,23 @@ def test_gpus_are_dealt_out_so_no_two_workers_share_one():
     assert split_gpus(["4", "5", "7"], 2) == ["4,5", "7"]
     with pytest.raises(ValueError, match="at least 3 GPUs"):
         split_gpus(["0", "1"], 3)
+
+
+def test_the_chief_of_a_tf_config_cluster_is_worker_0(monkeypatch):
+    from vision.common.cli import role_from_tf_config
+
+    cluster = {"worker": ["h0:1", "h1:1", "h2:1"]}
+    for index in range(3):
+        monkeypatch.setenv(
+            "TF_CONFIG",
+            json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}),
+        )
+        role = role_from_tf_config()
+        assert (role.index, role.chief, len(role.addresses)) == (index, index == 0, 3)
+    with_chief = {"chief": ["c:1"], "worker": ["h0:1"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": with_chief, "task": {"type": "worker", "index": 0}})
+    )
+    assert not role_from_tf_config().chief
+    monkeypatch.delenv("TF_CONFIG")
+    assert role_from_tf_config() is None

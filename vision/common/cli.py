@@ -13,6 +13,7 @@ values saved in its run directory.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -175,6 +176,7 @@ def run_command(
                 repl = replication.make(config.replicas)
             except RuntimeError as error:  # e.g. 'gpu' without a GPU, devices set too late
                 raise ConfigError(str(error)) from None
+            role = role_from_tf_config() if config.replicas == "multiworker" else None
         train(config, run_dir=args.run_dir, repl=repl, stop_at=stop_at, worker=role)
     except usage_errors() as error:
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
@@ -182,9 +184,25 @@ def run_command(
     except FloatingPointError as error:
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         return 1
-    if role is None:
+    if not args.worker and (role is None or role.chief):  # --workers: the parent says it
         print(f"Run directory: {args.run_dir}")
     return 0
+
+
+def role_from_tf_config() -> WorkerRole | None:
+    """This process's role in a multi-host run described by TF_CONFIG (None: no cluster).
+
+    The chief is the "chief" task if the cluster has one, else worker 0.
+    """
+    config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+    cluster, task = config.get("cluster", {}), config.get("task", {})
+    if not cluster or not task:
+        return None
+    addresses = tuple(cluster.get("chief", []) + cluster.get("worker", []))
+    index = int(task.get("index", 0))
+    if task.get("type") == "worker":
+        index += len(cluster.get("chief", []))
+    return WorkerRole(index, addresses)
 
 
 def _spawn_workers(args, kind, module, config, config_to_dict, global_batch) -> int:
