@@ -144,3 +144,44 @@ def test_the_chief_of_a_tf_config_cluster_is_worker_0(monkeypatch):
     assert not role_from_tf_config().chief
     monkeypatch.delenv("TF_CONFIG")
     assert role_from_tf_config() is None
+
+
+def test_sigterm_stops_two_workers_with_a_chief_checkpoint_and_no_orphans(tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    run_dir = str(tmp_path / "run")
+    steps = [a for a in SMALL if a not in ("--steps", "6")]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "vision.resnet.cli", "train", "resnet50", *steps]
+        + ["--steps", "100000", "--workers", "2", "--run-dir", run_dir],
+        cwd=REPO_ROOT,
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    children = []
+    try:
+        deadline = time.time() + 300
+        metrics = os.path.join(run_dir, run_dir_lib.METRICS_FILE)
+        while not (os.path.exists(metrics) and run_dir_lib.read_metrics(run_dir)):
+            assert process.poll() is None and time.time() < deadline, process.communicate()
+            time.sleep(0.5)
+        children = psutil.Process(process.pid).children()
+        assert len(children) == 2
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for child in children:
+            if child.is_running():
+                child.kill()
+    assert process.returncode == 0, err[-3000:]
+    stopped = int(out.split("Stopped at step ")[1].split()[0])
+    assert os.path.exists(os.path.join(run_dir, "checkpoints", f"ckpt-{stopped}.index"))
+    assert not os.path.exists(os.path.join(run_dir, ".lock"))
+    assert not any(child.is_running() and child.status() != "zombie" for child in children)

@@ -15,6 +15,8 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 
+import tensorflow as tf
+
 import replication
 from vision.common import loop
 from vision.common import precision as precision_lib
@@ -98,8 +100,6 @@ def train(
     with contextlib.ExitStack() as stack:
         if run:
             stack.enter_context(run)  # lock: one process per run directory
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
         tf.random.set_seed(config.seed)  # same initial parameters for the same seed
         classifier = Classifier(config, repl, dataset.num_classes, image_size)
         start = 0
