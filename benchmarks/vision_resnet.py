@@ -5,11 +5,16 @@ default) the same way: SGD with momentum 0.9, label-smoothed cross-entropy and L
 weight decay on kernels, one `tf.function` step per batch (no XLA), inputs from
 memory. They are built in ONE process and measured in interleaved rounds (every
 round times each configuration once, back to back), so a change in machine load
-hits all of them alike; ratios are medians of per-round ratios. Both wall-clock
-images/s and images per process-CPU-second are recorded; the latter is less
-sensitive to other jobs competing for the cores, but counts all threads.
+hits all of them alike; the order of the configurations rotates by one every
+round, so none is always first (or last) after the others. Ratios are medians of
+per-round ratios, reported with their spread (min, quartiles, max over rounds).
+Both wall-clock images/s and images per process-CPU-second are recorded; the
+latter is less sensitive to other jobs competing for the cores, but counts all
+threads. The 1-minute load average is recorded before and after every round;
+a result measured while it exceeded 2 (this machine has 2 cores) is marked
+"noisy".
 
-    ours_float32         vision.classification.Classifier, replication "cpu"
+    ours_float32         vision.resnet.learning.Classifier, replication "cpu"
     keras_float32        tf.keras.applications.ResNet50(weights=None)
     ours_bfloat16        --precision bfloat16: bf16 compute, float32 weights
     keras_mixed_bfloat16 Keras' mixed_bfloat16 policy (reference)
@@ -18,9 +23,12 @@ sensitive to other jobs competing for the cores, but counts all threads.
                          architecture Keras' ResNet50 implements: same FLOPs as Keras,
                          while ours (v1.5, strided 3x3) does ~6% more work
 
-Usage: .venv/bin/python benchmarks/vision_resnet.py [--batch-size 32 --rounds 3
-       --steps-per-round 2 --only ours_float32,keras_float32]
-Writes benchmarks/results/vision_resnet.json.
+Usage: .venv/bin/python benchmarks/vision_resnet.py [--batch-size 32 --rounds 5
+       --steps-per-round 1 --only ours_float32,keras_float32 --out PATH]
+Smallest run (checks the script, measures nothing useful):
+       .venv/bin/python benchmarks/vision_resnet.py --image-size 32 --batch-size 2 \
+           --rounds 2 --steps-per-round 1 --only ours_float32,keras_float32 --out /tmp/r.json
+Writes benchmarks/results/vision_resnet.json by default.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ REPL_1 = replication.make("cpu")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from vision import classification  # noqa: E402
+from vision.resnet import learning as classification  # noqa: E402
 
 NUM_CLASSES = 1000
 LABEL_SMOOTHING, WEIGHT_DECAY, LEARNING_RATE, MOMENTUM = 0.1, 1e-4, 0.1, 0.9
@@ -147,19 +155,50 @@ def build(name: str, batch_size: int, image_size: int):
     raise ValueError(f"unknown configuration {name!r}; use some of {CONFIGS}")
 
 
+NOISY_LOAD = 2.0  # 1-minute load average above this on a 2-core machine: timings are noisy
+
+
+def rotated(names: list[str], round_index: int) -> list[str]:
+    """The measuring order of a round: `names` rotated left by `round_index`."""
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
+def spread(values: list[float]) -> dict:
+    """Median, min, quartiles, max and all values of a list of per-round figures."""
+    ordered = sorted(values)
+    quartiles = statistics.quantiles(ordered, n=4) if len(ordered) >= 2 else [ordered[0]] * 3
+    return {
+        "median": statistics.median(ordered),
+        "min": ordered[0],
+        "q1": quartiles[0],
+        "q3": quartiles[2],
+        "max": ordered[-1],
+        "all": values,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps-per-round", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps-per-round", type=int, default=1)
     parser.add_argument("--only", default=",".join(CONFIGS))
     parser.add_argument(
         "--out", default=str(ROOT / "benchmarks" / "results" / "vision_resnet.json")
     )
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(names) - set(CONFIGS))
+    if unknown or args.rounds < 2 or args.steps_per_round < 1:
+        parser.error(
+            f"unknown configurations {unknown}; use some of {CONFIGS}"
+            if unknown
+            else "need --rounds >= 2 (to report a spread) and --steps-per-round >= 1"
+        )
 
+    load_at_start = os.getloadavg()[0]
     steps, compile_seconds = {}, {}
     for name in names:
         start = time.perf_counter()
@@ -170,8 +209,11 @@ def main() -> None:
 
     wall = {n: [] for n in names}
     cpu = {n: [] for n in names}
+    rounds = []
     for round_index in range(args.rounds):
-        for name in names:
+        order = rotated(names, round_index)
+        load_before = os.getloadavg()[0]
+        for name in order:
             wall_start, cpu_start = time.perf_counter(), time.process_time()
             for _ in range(args.steps_per_round):
                 loss = steps[name]()
@@ -179,9 +221,19 @@ def main() -> None:
             images = args.batch_size * args.steps_per_round
             wall[name].append(images / (time.perf_counter() - wall_start))
             cpu[name].append(images / (time.process_time() - cpu_start))
+        load_after = os.getloadavg()[0]
+        rounds.append(
+            {
+                "order": order,
+                "load_average_before": load_before,
+                "load_average_after": load_after,
+                "images_per_second_wall": {n: wall[n][-1] for n in names},
+                "images_per_cpu_second": {n: cpu[n][-1] for n in names},
+            }
+        )
         print(
-            f"round {round_index + 1}: "
-            + "  ".join(f"{n} {wall[n][-1]:.2f}" for n in names)
+            f"round {round_index + 1} (load {load_before:.1f}-{load_after:.1f}): "
+            + "  ".join(f"{n} {wall[n][-1]:.2f}" for n in order)
             + "  (images/s)",
             flush=True,
         )
@@ -190,10 +242,13 @@ def main() -> None:
         if a not in wall or b not in wall:
             return None
         return {
-            "wall_median": statistics.median(x / y for x, y in zip(wall[a], wall[b])),
-            "cpu_time_median": statistics.median(x / y for x, y in zip(cpu[a], cpu[b])),
+            "wall": spread([x / y for x, y in zip(wall[a], wall[b])]),
+            "cpu_time": spread([x / y for x, y in zip(cpu[a], cpu[b])]),
         }
 
+    loads = [load_at_start] + [
+        value for r in rounds for value in (r["load_average_before"], r["load_average_after"])
+    ]
     result = {
         "benchmark": "vision_resnet",
         "model": f"ResNet-50, {args.image_size}x{args.image_size}, {NUM_CLASSES} classes, "
@@ -201,10 +256,9 @@ def main() -> None:
         "command": " ".join([".venv/bin/python", "benchmarks/vision_resnet.py", *sys.argv[1:]]),
         "rounds": args.rounds,
         "steps_per_round": args.steps_per_round,
-        "images_per_second_wall": {
-            n: {"median": statistics.median(v), "max": max(v), "all": v} for n, v in wall.items()
-        },
-        "images_per_cpu_second": {n: statistics.median(v) for n, v in cpu.items()},
+        "order": "rotated by one configuration every round",
+        "images_per_second_wall": {n: spread(v) for n, v in wall.items()},
+        "images_per_cpu_second": {n: spread(v) for n, v in cpu.items()},
         "build_and_first_step_seconds": compile_seconds,
         "ratios": {
             "ours_over_keras_float32": ratio("ours_float32", "keras_float32"),
@@ -220,18 +274,27 @@ def main() -> None:
             "ours_over_keras_float32": ">= 1.0",
             "ours_bfloat16_over_ours_float32": ">= 1.8",
         },
+        "raw_rounds": rounds,
+        "load_average": {"at_start": load_at_start, "max": max(loads), "at_end": loads[-1]},
+        "noisy": max(loads) > NOISY_LOAD,
         "machine": {
             "cores": os.cpu_count(),
             "platform": platform.platform(),
             "tensorflow": tf.__version__,
-            "load_average_at_end": os.getloadavg()[0],
-            "note": "2-core machine shared with other engineers' jobs: timings are noisy",
+            "note": "2-core machine shared with other engineers' jobs; 'noisy' marks a result "
+            f"measured while the 1-minute load average exceeded {NOISY_LOAD:g}",
         },
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(json.dumps(result["ratios"], indent=2))
+    medians = {
+        k: v and {"wall": v["wall"]["median"], "cpu_time": v["cpu_time"]["median"]}
+        for k, v in result["ratios"].items()
+    }
+    print(json.dumps(medians, indent=2))
+    if result["noisy"]:
+        print(f"NOISY: the load average reached {max(loads):.1f} (> {NOISY_LOAD:g}).")
     print(f"wrote {args.out}")
 
 

@@ -32,7 +32,7 @@ from launch.errors import LaunchError
 
 _PROG = "replicator"
 # Modules that may register `replicator train NAME` (each has `register(subparsers)`).
-_TRAIN_MODULES = ("vision.resnet_cli", "vision.sngan_cli")
+_TRAIN_MODULES = ("vision.resnet.cli", "vision.sngan.cli")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -284,8 +284,8 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         found = [m for m in _TRAIN_MODULES if importlib.util.find_spec(m) is not None]
         if not found:
             raise LaunchError(
-                "`replicator train` needs the vision trainers (vision.resnet_cli, "
-                "vision.sngan_cli), which this installation does not have yet."
+                "`replicator train` needs the vision trainers (vision.resnet.cli, "
+                "vision.sngan.cli), which this installation does not have yet."
             )
         for module in found:
             importlib.import_module(module).register(models)

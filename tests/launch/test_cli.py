@@ -232,14 +232,14 @@ def test_train_subcommands_come_from_vision(capsys):
 
     have = [
         m
-        for m in ("vision.resnet_cli", "vision.sngan_cli")
+        for m in ("vision.resnet.cli", "vision.sngan.cli")
         if importlib.util.find_spec(m) is not None
     ]
     code = cli.main(["train", "--help"])
     captured = capsys.readouterr()
     if have:
         assert code == 0
-        for name, module in (("resnet50", "vision.resnet_cli"), ("sngan", "vision.sngan_cli")):
+        for name, module in (("resnet50", "vision.resnet.cli"), ("sngan", "vision.sngan.cli")):
             assert (name in captured.out) == (module in have)
     else:
         assert code == 2 and "needs the vision trainers" in captured.err

@@ -7,7 +7,9 @@ import pytest
 import tensorflow as tf
 
 import replication
-from vision import classification, resnet
+from vision.common.normalization import BatchNorm
+from vision.resnet import learning as classification
+from vision.resnet import networks as resnet
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,13 +57,21 @@ def test_image_size_too_small_for_the_stem_is_refused():
     _tiny().check_image_size(2)  # small stem, one stride-2 group
 
 
-def test_weight_decay_applies_to_kernels_only():
-    model = _tiny()
-    model(tf.zeros([1, 8, 8, 3]), is_training=False)
+def test_weight_decay_applies_to_the_53_convolutions_and_the_head_of_resnet50():
+    model = resnet.resnet50()
+    model(tf.zeros([1, 32, 32, 3]), is_training=False)
     decayed = resnet.weight_decay_variables(model)
-    assert decayed and all(v.shape.rank > 1 for v in decayed)
-    names = {v.name for v in decayed}
-    assert not any("scale" in n or "offset" in n or n.endswith("b:0") for n in names)
+    # 1 stem + 16 blocks x 3 + 4 projection convolutions = 53 kernels, plus the head's weight.
+    convolutions = [v for v in decayed if v.shape.rank == 4]
+    assert len(convolutions) == 53
+    assert [v.name for v in decayed if v.shape.rank == 2] == ["resnet50/logits/w:0"]
+    assert len(decayed) == 54
+    # Nothing else: no batch-norm scale or offset, no bias.
+    decayed_refs = {v.ref() for v in decayed}
+    others = [v for v in model.trainable_variables if v.ref() not in decayed_refs]
+    assert others and all(
+        n.endswith(("scale:0", "offset:0", "b:0")) for n in (v.name for v in others)
+    ), [v.name for v in others]
 
 
 def test_fused_single_replica_batch_norm_matches_cross_replica_maths():
@@ -69,7 +79,7 @@ def test_fused_single_replica_batch_norm_matches_cross_replica_maths():
     x = tf.random.stateless_normal([6, 5, 5, 4], seed=[1, 2]) * 3.0 + 1.0
     repl = replication.make("cpu")
     with repl.scope():
-        fused, reference = resnet.BatchNorm(name="fused"), resnet.BatchNorm(name="reference")
+        fused, reference = BatchNorm(name="fused"), BatchNorm(name="reference")
         fused(x, is_training=False), reference(tf.reshape(x, [-1, 4]), is_training=False)
 
     def step(x):
@@ -144,6 +154,38 @@ def test_bfloat16_computes_in_bfloat16_and_keeps_float32_state(spec):
     assert {v.dtype for v in floating + slots} == {tf.float32}
 
 
+def test_top1_top5_counts_known_logits_with_padding_over_two_replicas():
+    from vision.metrics.classification import top_k_counts
+
+    repl = replication.make("cpu:2")
+    # 6 classes; per example the true class's rank is chosen by hand.
+    logits = np.array(
+        [
+            [9, 1, 2, 3, 4, 5],  # label 0: rank 1 -> top-1 and top-5
+            [1, 9, 2, 3, 4, 5],  # label 2: rank 5 -> top-5 only
+            [0, 1, 2, 3, 4, 5],  # label 0: rank 6 -> neither
+            [5, 4, 3, 9, 1, 0],  # label 3: rank 1, but padding (mask 0): not counted
+            [1, 2, 3, 4, 5, 9],  # label 4: rank 2 -> top-5 only
+            [1, 2, 3, 4, 9, 5],  # label 4: rank 1 -> top-1 and top-5
+            [9, 8, 7, 6, 5, 4],  # label 5: rank 6 -> neither
+            [9, 8, 7, 6, 5, 4],  # label 0: rank 1, but padding: not counted
+        ],
+        np.float32,
+    )
+    labels = np.array([0, 2, 0, 3, 4, 4, 5, 0], np.int32)
+    mask = np.array([1, 1, 1, 0, 1, 1, 1, 0], np.float32)
+
+    def input_fn(ctx):
+        per_replica = ctx.get_per_replica_batch_size(8)
+        return tf.data.Dataset.from_tensor_slices((logits, labels, mask)).batch(per_replica)
+
+    batch = next(iter(repl.distribute(input_fn)))
+    per_replica = repl.local_results(repl.run(tf.function(top_k_counts), *batch))
+    assert [int(c["count"]) for c in per_replica] == [3, 3]  # each replica had real examples
+    totals = repl.reduce(repl.run(tf.function(top_k_counts), *batch), "sum")
+    assert {k: int(v) for k, v in totals.items()} == {"top1": 2, "top5": 4, "count": 6}
+
+
 def test_learning_rate_schedule_warmup_cosine_and_step():
     config = classification.ClassificationConfig(
         batch_size=512, base_learning_rate=0.1, steps=100, warmup_steps=10
@@ -161,6 +203,21 @@ def test_learning_rate_schedule_warmup_cosine_and_step():
     assert [lr(step, t) for t in (0, 29, 30, 60, 80, 89)] == pytest.approx(
         [0.1, 0.1, 0.01, 0.001, 0.0001, 0.0001]
     )
+
+
+def test_imagenet_defaults_are_90_epochs_with_5_of_warmup():
+    config = classification.ClassificationConfig()
+    assert (config.epochs, config.warmup_epochs, config.steps) == (90, 5, None)
+    resolved = config.resolve(train_examples=1_281_167)  # ImageNet's training split
+    steps_per_epoch = 1_281_167 / 256
+    assert resolved.steps == int(np.ceil(90 * steps_per_epoch)) == 450_411
+    assert resolved.warmup_steps == round(5 * steps_per_epoch) == 25_023
+    # A short run keeps its warmup to a tenth of its steps.
+    short = classification.ClassificationConfig(steps=12, batch_size=16).resolve(1437)
+    assert (short.steps, short.warmup_steps) == (12, 1)
+    assert classification.ClassificationConfig(epochs=2, batch_size=100).resolve(1437).steps == 29
+    with pytest.raises(classification.ConfigError, match="--steps"):
+        config.resolve(train_examples=None)
 
 
 def test_config_errors_name_the_field():

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vision import resnet_cli, training_common
+from vision.common import run_dir as training_common
+from vision.resnet import cli as resnet_cli
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -183,7 +184,7 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path):
     command = [
         sys.executable,
         "-m",
-        "vision.resnet_cli",
+        "vision.resnet.cli",
         "train",
         "resnet50",
         *SMALL,
@@ -255,3 +256,50 @@ def test_trains_on_both_imagenet_forms(tmp_path, capsys, form):
     )
     out = capsys.readouterr().out
     assert "step 3/3" in out and "eval at step 3" in out and "(3 images)" in out
+
+
+@pytest.mark.parametrize("form", ["tfrecord", "folders"])
+def test_missing_eval_split_is_found_before_training_and_no_eval_skips_it(tmp_path, capsys, form):
+    import glob
+    import shutil
+
+    from vision import data
+
+    root = data.write_tiny_imagenet(
+        str(tmp_path / "data"), form=form, num_classes=2, images_per_class=4, size=16
+    )
+    if form == "folders":
+        shutil.rmtree(os.path.join(root, "val"))
+    else:
+        for path in glob.glob(os.path.join(root, "**", "*-validation.tfrecord-*"), recursive=True):
+            os.remove(path)
+    run_dir = str(tmp_path / "run")
+    tiny = [
+        "--data",
+        root,
+        "--replicas",
+        "cpu",
+        "--image-size",
+        "8",
+        "--stem",
+        "small",
+        "--blocks",
+        "1",
+        "--channels",
+        "8",
+        "--stem-channels",
+        "4",
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--run-dir",
+        run_dir,
+    ]
+    error = _error(capsys, *tiny)
+    assert "no evaluation split" in error and "--no-eval" in error
+    assert not os.path.exists(run_dir)  # found before anything was written
+    assert _cli(*tiny, "--no-eval") == 0
+    out = capsys.readouterr().out
+    assert "step 2/2" in out and "eval at" not in out
+    assert not any(r["name"].startswith("eval/") for r in training_common.read_metrics(run_dir))

@@ -21,7 +21,7 @@ spec, out, steps, global_batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int
 repl = replication.make(spec)  # before any other TensorFlow op
 import sonnet as snt
 import tensorflow as tf
-from vision import resnet
+from vision.resnet import networks as resnet
 
 rng = np.random.RandomState(0)
 images = rng.normal(1.0, 2.0, size=(steps * global_batch, 8, 8, 3)).astype(np.float32)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import replication
-from vision import classification
+from vision.resnet import learning as classification
+from vision.resnet import training
 
 
 @pytest.mark.slow
@@ -29,7 +30,7 @@ def test_small_resnet_reaches_95_percent_on_digits_with_two_replicas(precision):
         log_every=100,
     )
     lines = []
-    results = classification.train(config, repl=repl, print_fn=lines.append)
+    results = training.train(config, repl=repl, print_fn=lines.append)
     assert results["step"] == 300
     assert results["count"] == 360  # the whole test split, each image once
     assert results["top1"] >= 0.95, lines

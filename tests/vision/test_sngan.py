@@ -8,7 +8,10 @@ import PIL.Image
 import pytest
 import tensorflow as tf
 
-from vision import gan_data, gan_layers, sngan, sngan_learner
+from vision import data
+from vision.sngan import layers as gan_layers
+from vision.sngan import learning as sngan_learner
+from vision.sngan import networks as sngan
 
 
 @pytest.mark.parametrize("size", [8, 16, 32])
@@ -111,18 +114,37 @@ def test_config_validation():
         sngan_learner.SNGANConfig(disc_steps=0).validate()
 
 
-def _first_labels(source, batch, start, count):
-    ds = gan_data.make_input_fn(source, batch, seed=3, start=start)(tf.distribute.InputContext())
-    return np.concatenate([b["label"].numpy() for b, _ in zip(ds, range(count))])
+def _gan_batches(dataset, batch, start_step, count, size=8, channels=1):
+    input_fn = dataset.input_fn(
+        "train", batch, size, seed=3, start_step=start_step, task="gan", channels=channels
+    )
+    return [b for b, _ in zip(input_fn(tf.distribute.InputContext()), range(count))]
 
 
-def test_data_stream_can_start_anywhere():
-    source = gan_data.load_digits(8, "eval")
-    assert (source.num_examples, source.num_classes, source.channels) == (360, 10, 1)
-    full = _first_labels(source, 40, 0, 12)  # into the second epoch
-    resumed = _first_labels(source, 40, 320, 4)  # a resume after 320 examples
-    np.testing.assert_array_equal(full[320:480], resumed)
-    assert sorted(full[:360]) == sorted(source.arrays()[1])  # each epoch is a permutation
+def test_gan_data_stream_can_start_anywhere():
+    digits = data.Digits()
+    full = _gan_batches(digits, 40, 0, 40)  # into the second epoch of 1437 images
+    resumed = _gan_batches(digits, 40, 32, 4)  # a resume after 32 batches
+    for (x0, y0), (x1, y1) in zip(full[32:36], resumed):
+        np.testing.assert_array_equal(y0.numpy(), y1.numpy())
+        np.testing.assert_array_equal(x0.numpy(), x1.numpy())
+    labels = np.concatenate([y.numpy() for _, y in full])[:1437]
+    assert sorted(labels) == sorted(data.load_digits_arrays()["train"][1])  # a permutation
+    images = full[0][0].numpy()
+    assert images.shape == (40, 8, 8, 1) and images.min() >= -1.0 and images.max() <= 1.0
+
+
+def test_gan_digits_batches_do_not_depend_on_the_number_of_pipelines():
+    """Two workers (input pipelines) read, together, exactly one worker's global batches."""
+    digits = data.Digits()
+    one = digits.input_fn("train", 8, 8, seed=1, start_step=5, task="gan", channels=1)
+    two = digits.input_fn("train", 8, 8, seed=1, start_step=5, task="gan", channels=1)
+    whole = next(iter(one(tf.distribute.InputContext())))
+    halves = [
+        next(iter(two(tf.distribute.InputContext(2, i, num_replicas_in_sync=2)))) for i in (0, 1)
+    ]
+    np.testing.assert_array_equal(whole[1].numpy(), np.concatenate([h[1].numpy() for h in halves]))
+    np.testing.assert_array_equal(whole[0].numpy(), np.concatenate([h[0].numpy() for h in halves]))
 
 
 def _write_folder(root, classes, per_class=3, size=10):
@@ -130,28 +152,98 @@ def _write_folder(root, classes, per_class=3, size=10):
     for name in classes:
         os.makedirs(os.path.join(root, name))
         for i in range(per_class):
-            pixels = rng.randint(0, 256, (size, size, 3), dtype=np.uint8)
+            pixels = rng.randint(0, 256, (size, 2 * size, 3), dtype=np.uint8)
             PIL.Image.fromarray(pixels).save(os.path.join(root, name, f"{i}.png"))
 
 
-def test_folder_source(tmp_path):
-    _write_folder(str(tmp_path / "train"), ["cat", "dog"])  # the ImageNet folder layout too
-    source = gan_data.load_folder(str(tmp_path), image_size=8, channels=3)
-    assert source.class_names == ["cat", "dog"] and source.num_examples == 6
-    images, labels = source.arrays()
+@pytest.mark.parametrize("layout", ["train", "flat"])
+def test_folder_source(tmp_path, layout):
+    root = tmp_path / "train" if layout == "train" else tmp_path  # both folder layouts
+    _write_folder(str(root), ["cat", "dog"])
+    dataset = data.open_dataset(str(tmp_path))
+    assert dataset.classes == ["cat", "dog"] and dataset.num_examples("train") == 6
+    images, labels = dataset.arrays("train", 8, task="gan", channels=3)
     assert images.shape == (6, 8, 8, 3) and list(labels) == [0, 0, 0, 1, 1, 1]
     assert images.min() >= -1.0 and images.max() <= 1.0
-    batch = next(iter(gan_data.make_input_fn(source, 4)(tf.distribute.InputContext())))
-    assert batch["image"].shape == (4, 8, 8, 3)
+    # The centre square: the crop of a 10x20 image is its columns 5..14.
+    pixels = np.asarray(PIL.Image.open(str(root / "cat" / "0.png")), np.float32)
+    expected = tf.image.resize(pixels[:, 5:15], [8, 8], method="area", antialias=True)
+    np.testing.assert_allclose(images[0], expected.numpy() / 127.5 - 1.0, atol=1e-4)
+    batch = _gan_batches(dataset, 4, 0, 1, channels=3)[0]
+    assert batch[0].shape == (4, 8, 8, 3)
+
+
+def test_gan_training_images_are_flipped_at_random():
+    """ImageNet-style data is flipped (about half the time), digits never are."""
+    import io
+
+    picture = np.zeros((16, 16, 3), np.uint8)
+    picture[:, :4] = 255  # a white band on the left
+    buffer = io.BytesIO()
+    PIL.Image.fromarray(picture).save(buffer, "PNG")
+    encoded = tf.constant(buffer.getvalue())
+    lefts = [
+        float(data.gan_image(encoded, 8, 3, tf.constant([s, 0], tf.int64))[:, 0].numpy().mean())
+        for s in range(40)
+    ]
+    flipped = sum(left < 0 for left in lefts)
+    assert 8 <= flipped <= 32, lefts
+    assert float(data.gan_image(encoded, 8, 3, None)[:, 0].numpy().mean()) > 0.9  # no seed
 
 
 def test_folder_errors(tmp_path):
-    with pytest.raises(gan_data.DataError, match="does not exist"):
-        gan_data.load_folder(str(tmp_path / "nowhere"), 8)
+    with pytest.raises(data.DataError, match="does not exist"):
+        data.open_dataset(str(tmp_path / "nowhere"))
     (tmp_path / "empty" / "a").mkdir(parents=True)
-    with pytest.raises(gan_data.DataError, match="no images"):
-        gan_data.load_folder(str(tmp_path / "empty"), 8)
+    with pytest.raises(data.DataError, match="no images"):
+        data.open_dataset(str(tmp_path / "empty"))
     _write_folder(str(tmp_path / "bad"), ["a"])
     (tmp_path / "bad" / "a" / "0.png").write_bytes(b"not a png")
-    with pytest.raises(gan_data.DataError, match="cannot decode"):
-        gan_data.load_folder(str(tmp_path / "bad"), 8)
+    with pytest.raises(data.DataError, match="cannot decode"):
+        data.open_dataset(str(tmp_path / "bad"))
+
+
+def test_standing_statistics_are_the_ema_generators_own_and_change_nothing_after():
+    import replication
+    from vision.common.normalization import BatchNorm
+    from vision.sngan import training
+
+    repl = replication.make("cpu")
+    config = sngan_learner.SNGANConfig(
+        image_size=8,
+        channels=1,
+        latent_dim=8,
+        g_base_channels=4,
+        d_base_channels=4,
+        global_batch_size=8,
+        disc_steps=1,
+        ema_start=0,
+        ema_decay=0.5,
+        standing_samples=64,
+    )
+    learner = sngan_learner.SNGANLearner(config, repl)
+    iterator = iter(repl.distribute(training.learner_input_fn(data.open_dataset("digits"), config)))
+    for _ in range(3):
+        learner.train_step(iterator)
+    ema = learner.generator_ema
+    bn = ema.blocks[0].bn1.batch_norm  # normalises the reshaped output of the first linear layer
+    state = [v.numpy() for v in learner._ema_statistics()]  # pylint: disable=protected-access
+    assert len(state) == 6 * sum(isinstance(m, BatchNorm) for m in ema.submodules)
+    trained_mean = np.ravel(bn.moving_mean.value)
+
+    with learner.standing_statistics(seed=5):
+        z = tf.random.stateless_normal([64, 8], tf.constant([5, -1], tf.int64))
+        h = tf.reshape(ema.linear(z), [64, 4, 4, -1]).numpy()
+        np.testing.assert_allclose(
+            np.ravel(bn.moving_mean.value), h.mean(axis=(0, 1, 2)), rtol=1e-4, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            np.ravel(bn.moving_variance.value), h.var(axis=(0, 1, 2)), rtol=1e-4, atol=1e-5
+        )
+        # Not what training left there (the averaged statistics of other weights).
+        assert not np.allclose(np.ravel(bn.moving_mean.value), trained_mean, atol=1e-3)
+        inside = learner.sample(np.arange(10), seed=1).numpy()
+    # On exit the training state is back, bit for bit.
+    for before, variable in zip(state, learner._ema_statistics()):  # pylint: disable=protected-access
+        np.testing.assert_array_equal(before, variable.numpy())
+    assert not np.allclose(inside, learner.sample(np.arange(10), seed=1).numpy(), atol=1e-4)

@@ -24,7 +24,8 @@ import replication
 
 spec, global_batch, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 repl = replication.make(spec)  # first: logical devices must precede any other TF op
-from vision import gan_data, sngan_learner
+from vision import data
+from vision.sngan import learning as sngan_learner, training
 
 tf.random.set_seed(0)
 config = sngan_learner.SNGANConfig(
@@ -34,8 +35,8 @@ config = sngan_learner.SNGANConfig(
 learner = sngan_learner.SNGANLearner(config, repl)
 initial_vars = list(learner.variables)  # before the optimisers' lazily created slots
 initial = [v.numpy() for v in initial_vars]
-source = gan_data.load_digits(16, "train")
-data = iter(repl.distribute(gan_data.make_input_fn(source, learner.per_replica_batch_size)))
+dataset = data.open_dataset("digits")
+data = iter(repl.distribute(training.learner_input_fn(dataset, config)))
 losses = [learner.train_step(data) for _ in range(steps)]
 final_vars = list(learner.variables)
 final = [v.numpy() for v in final_vars]

@@ -12,7 +12,10 @@ import pytest
 import tensorflow as tf
 
 from tests import support
-from vision import digits_classifier, gan_metrics, sngan_cli, training_common
+from vision.common import run_dir as training_common
+from vision.metrics import digits_classifier
+from vision.metrics import gan as gan_metrics
+from vision.sngan import cli as sngan_cli
 
 
 def _cli(*args):
@@ -30,9 +33,9 @@ def classifier_dir(tmp_path_factory):
 
 
 def test_digits_classifier_checkpoint_is_accurate(classifier_dir):
-    from vision import gan_data  # pylint: disable=import-outside-toplevel
+    from vision import data  # pylint: disable=import-outside-toplevel
 
-    images, labels = gan_data.load_digits(16, "eval").arrays()
+    images, labels = data.Digits().arrays("eval", 16, task="gan", channels=1)
     _, logits = gan_metrics.Classifier(classifier_dir)(images)
     assert np.mean(np.argmax(logits, 1) == labels) >= 0.97
 
@@ -60,6 +63,10 @@ def test_sngan_learns_class_conditional_digits(tmp_path, classifier_dir):
             "1e-3",
             "--d-lr",
             "2e-3",
+            "--beta2",
+            "0.999",
+            "--lr-decay",
+            "constant",
             "--seed",
             "0",
             "--classifier",
@@ -124,12 +131,15 @@ def _checkpoint_values(run, step):
 
 @pytest.fixture(scope="module")
 def tiny_runs(tmp_path_factory):
-    """A run of 4 steps, and one of 2 steps resumed (with its saved settings) to 4."""
+    """A run of 4 steps, and one stopped at step 2 and resumed (with its saved settings) to 4.
+
+    (The learning rates decay over --steps, so the interrupted run must keep --steps 4.)
+    """
     root = tmp_path_factory.mktemp("tiny_runs")
     straight, resumed = str(root / "straight"), str(root / "resumed")
     assert _cli("--run-dir", straight, "--steps", "4", *_TINY) == 0
-    assert _cli("--run-dir", resumed, "--steps", "2", *_TINY) == 0
-    assert _cli("--run-dir", resumed, "--steps", "4") == 0
+    assert _cli("--run-dir", resumed, "--steps", "4", "--stop-at", "2", *_TINY) == 0
+    assert _cli("--run-dir", resumed) == 0
     return straight, resumed
 
 
@@ -205,7 +215,7 @@ def test_batch_not_divisible_by_replicas(tmp_path):
         [
             sys.executable,
             "-m",
-            "vision.sngan_cli",
+            "vision.sngan.cli",
             "train",
             "sngan",
             "--replicas",
@@ -226,3 +236,64 @@ def test_batch_not_divisible_by_replicas(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "not divisible" in result.stderr
     assert not os.path.exists(run)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("form", ["tfrecord", "folders"])
+def test_trains_on_both_imagenet_forms(tmp_path, capsys, form):
+    from vision import data  # pylint: disable=import-outside-toplevel
+
+    root = data.write_tiny_imagenet(
+        str(tmp_path / "data"), form=form, num_classes=3, images_per_class=4, size=20
+    )
+    run = str(tmp_path / "run")
+    args = list(_TINY)
+    args[args.index("--image-size") + 1] = "16"
+    assert _cli("--data", root, "--run-dir", run, "--steps", "2", *args) == 0
+    out = capsys.readouterr().out
+    assert "16x16x3, 3 classes" in out and "step 2/2" in out
+    assert os.path.exists(os.path.join(run, "checkpoints", "ckpt-2.index"))
+    grid = PIL.Image.open(os.path.join(run, "samples.png"))
+    assert grid.mode == "RGB"  # three rows (classes) of colour samples
+
+
+def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path):
+    import signal
+    import time
+
+    run = str(tmp_path / "run")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vision.sngan.cli",
+            "train",
+            "sngan",
+            "--run-dir",
+            run,
+            "--steps",
+            "100000",
+            *_TINY,
+        ],
+        cwd=support.REPO_ROOT,
+        env=support.python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 300
+        metrics = os.path.join(run, training_common.METRICS_FILE)
+        while not (os.path.exists(metrics) and len(training_common.read_metrics(run)) > 8):
+            assert process.poll() is None and time.time() < deadline, process.communicate()
+            time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    stopped = int(out.split("Stopped at step ")[1].split()[0])
+    assert 2 <= stopped < 100000
+    assert os.path.exists(os.path.join(run, "checkpoints", f"ckpt-{stopped}.index"))
+    assert not os.path.exists(os.path.join(run, ".lock"))

@@ -44,6 +44,7 @@ class Digits(ImageDataset):
     name = "digits"
     num_classes = 10
     default_image_size = 16
+    global_order = True  # in memory: every worker reads the same global batches
 
     def __init__(self):
         self._arrays = load_digits_arrays()
@@ -78,3 +79,9 @@ class Digits(ImageDataset):
         image = tf.image.resize(raw, [image_size, image_size], method="bilinear")
         image = tf.tile(image, [1, 1, 3])
         return (image - self._mean) / self._std
+
+    def preprocess_gan(self, raw, image_size, channels, seed):
+        del seed  # no flips: they would change the digits
+        image = tf.image.resize(raw, [image_size, image_size], method="bilinear")
+        image = tf.clip_by_value(image / 127.5 - 1.0, -1.0, 1.0)
+        return tf.tile(image, [1, 1, channels]) if channels != 1 else image

@@ -14,6 +14,7 @@ pipelines), before anything is parsed or decoded.
 One folder per class::
 
     DIR/train/<class>/*.JPEG        DIR/val/<class>/*.JPEG   (or DIR/validation/)
+    DIR/<class>/*.png               (no train/: every image is for training)
 
 Classes are the sorted sub-folder names of `train/`; label i is the i-th. The
 official validation images come in one flat folder; sort them into class
@@ -32,7 +33,7 @@ import tensorflow as tf
 from vision.data import preprocessing
 from vision.data.pipeline import EVAL, TRAIN, DataError, ImageDataset, Shard
 
-IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png")
+IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif")
 _SHARD_PATTERN = re.compile(
     r"^(?P<name>.+)-(?P<split>train|validation)\.tfrecord-(?P<index>\d{5})-of-(?P<total>\d{5})$"
 )
@@ -57,6 +58,9 @@ class _ImageNetBase(ImageDataset):
         else:
             image = preprocessing.eval_image(raw, image_size)
         return preprocessing.normalize(image)
+
+    def preprocess_gan(self, raw, image_size, channels, seed):
+        return preprocessing.gan_image(raw, image_size, channels, seed)
 
 
 class TFRecordImageNet(_ImageNetBase):
@@ -97,6 +101,7 @@ class TFRecordImageNet(_ImageNetBase):
             for split, tfds_split in _TFDS_SPLITS.items()
         }
         self.num_classes = num_classes or _num_classes(self.directory, info)
+        self._has = {split: bool(files) for split, files in self._files.items()}
         self.name = f"tfrecord:{self.directory}"
         for split in (TRAIN, EVAL):
             if self._files[split]:
@@ -106,13 +111,16 @@ class TFRecordImageNet(_ImageNetBase):
         lengths = self._lengths[split]
         return sum(lengths) if lengths is not None else None
 
+    def has_split(self, split: str) -> bool:
+        return self._has[split]
+
     def shard(self, split: str, num_shards: int, index: int) -> Shard:
         files = self._files[split]
         if not files:
             raise DataError(
                 f"No {_TFDS_SPLITS[split]} shards in {self.directory} (files like "
-                f"*-{_TFDS_SPLITS[split]}.tfrecord-00000-of-NNNNN); add them or skip "
-                f"{'training' if split == TRAIN else 'evaluation'}."
+                f"*-{_TFDS_SPLITS[split]}.tfrecord-00000-of-NNNNN); add them"
+                + (" or pass --no-eval to skip evaluation." if split == EVAL else ".")
             )
         lengths = self._lengths[split]
         by_file = len(files) >= num_shards
@@ -173,18 +181,19 @@ class FolderImageNet(_ImageNetBase):
 
     Args:
       directory: holds `train/<class>/...` and optionally `val/<class>/...`
-        (or `validation/<class>/...`).
+        (or `validation/<class>/...`); without `train/`, `directory/<class>/...`
+        are the training images and there is no evaluation split.
 
     Raises:
-      DataError: no train folder, no class folders, no images, or evaluation
-        classes that training does not have.
+      DataError: no class folders, no images, evaluation classes that training
+        does not have, or a class whose first image does not decode.
     """
 
     def __init__(self, directory: str):
         self.directory = directory
         train_dir = os.path.join(directory, "train")
         if not os.path.isdir(train_dir):
-            raise DataError(f"No train/ folder in {directory}. {_LAYOUT_HELP}")
+            train_dir = directory
         self.classes = sorted(entry.name for entry in os.scandir(train_dir) if entry.is_dir())
         if not self.classes:
             raise DataError(f"{train_dir} has no class folders. {_LAYOUT_HELP}")
@@ -198,9 +207,25 @@ class FolderImageNet(_ImageNetBase):
             )
         for name in ("val", "validation"):
             eval_dir = os.path.join(directory, name)
-            if os.path.isdir(eval_dir):
+            if os.path.isdir(eval_dir) and train_dir != directory:
                 self._examples[EVAL] = _list_images(eval_dir, self.classes)
                 break
+        self._check_decodes()
+
+    def _check_decodes(self) -> None:
+        """Decodes the first image of each class, so a bad file fails before training."""
+        first: dict[int, str] = {}
+        for path, label in self._examples[TRAIN]:
+            first.setdefault(label, path)
+        for path in first.values():
+            try:
+                encoded = tf.io.read_file(path)
+                tf.io.decode_image(encoded, channels=3, expand_animations=False)
+            except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as error:
+                raise DataError(
+                    f"cannot decode {path!r} as an image ({error.message.splitlines()[0]}). "
+                    "Remove or replace it."
+                ) from None
 
     def num_examples(self, split):
         return len(self._examples[split])
@@ -209,7 +234,7 @@ class FolderImageNet(_ImageNetBase):
         if not self._examples[split]:
             raise DataError(
                 f"No evaluation images in {self.directory}: add val/<class>/*.JPEG "
-                "(or validation/<class>/...), or skip evaluation."
+                "(or validation/<class>/...), or pass --no-eval to skip evaluation."
             )
         examples = self._examples[split][index::num_shards]
         if not examples:

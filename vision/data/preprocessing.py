@@ -102,3 +102,29 @@ def eval_image(encoded: tf.Tensor, image_size: int) -> tf.Tensor:
     image = _decode_window(encoded, window)
     image = tf.image.resize(image, [image_size, image_size], method="bilinear")
     return tf.ensure_shape(image, [image_size, image_size, 3])
+
+
+def gan_image(
+    encoded: tf.Tensor, image_size: int, channels: int = 3, seed: tf.Tensor | None = None
+) -> tf.Tensor:
+    """The centre square of an image, area-resized, flipped at random: a GAN's training image.
+
+    The usual preprocessing of class-conditional ImageNet GANs (SN-GAN, BigGAN):
+    crop the largest centred square, resize it with area averaging (antialiased),
+    and, when `seed` is given, flip it horizontally with probability 1/2.
+
+    Returns:
+      float32 [image_size, image_size, channels] in [-1, 1].
+    """
+    shape = _image_shape(encoded)
+    height, width = shape[0], shape[1]
+    side = tf.minimum(height, width)
+    window = tf.stack([(height - side) // 2, (width - side) // 2, side, side])
+    image = tf.cast(_decode_window(encoded, window), tf.float32)
+    image = tf.image.resize(image, [image_size, image_size], method="area", antialias=True)
+    if seed is not None:
+        image = tf.image.stateless_random_flip_left_right(image, seed=seed)
+    if channels == 1:
+        image = tf.image.rgb_to_grayscale(image)
+    image = tf.clip_by_value(image / 127.5 - 1.0, -1.0, 1.0)
+    return tf.ensure_shape(image, [image_size, image_size, channels])

@@ -13,7 +13,7 @@ def open_dataset(spec: str, num_classes: int | None = None) -> ImageDataset:
     """Opens "digits" or an ImageNet directory in either on-disk form.
 
     The form is detected: any tfds `*.tfrecord-*` shard under `spec` means
-    TFRecords, a `train/` folder means one folder per class.
+    TFRecords, a `train/` folder (or any sub-folder) means one folder per class.
 
     Args:
       spec: "digits", or a directory.
@@ -29,9 +29,15 @@ def open_dataset(spec: str, num_classes: int | None = None) -> ImageDataset:
             f"Data directory {spec} does not exist. Pass --data digits, or the "
             "directory of an ImageNet copy (tfds TFRecords or one folder per class)."
         )
-    if os.path.isdir(os.path.join(spec, "train")) and not _has_shards(spec):
+    if _has_shards(spec):
+        return TFRecordImageNet(spec, num_classes=num_classes)
+    if os.path.isdir(os.path.join(spec, "train")) or _has_class_folders(spec):
         return FolderImageNet(spec)
-    return TFRecordImageNet(spec, num_classes=num_classes)
+    return TFRecordImageNet(spec, num_classes=num_classes)  # explains both layouts
+
+
+def _has_class_folders(directory: str) -> bool:
+    return any(entry.is_dir() for entry in os.scandir(directory))
 
 
 def _has_shards(directory: str) -> bool:

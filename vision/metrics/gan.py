@@ -7,12 +7,14 @@ Nothing is downloaded. The classifier is a SavedModel directory (see `save_class
 - `image_size`, `channels`: the `H`(=`W`) and `C` it expects. Images of another size are resized
   (bilinear), grey images are tiled to RGB and RGB images averaged to grey as needed.
 
-`vision/digits_classifier.py` trains and saves one for the digits data; for ImageNet wrap your
+`vision/metrics/digits_classifier.py` trains and saves one for the digits data; for ImageNet wrap your
 own network (e.g. an Inception-v3 you have weights for) with `save_classifier`.
 
 Definitions, with p(y|x) = softmax(logits) and p(y) its mean over the samples of a split:
 
     IS  = exp(E_x[KL(p(y|x) || p(y))])                       1 <= IS <= K
+          reported as the mean (and std) over 10 equal splits of the samples, as in
+          Salimans et al. 2016 and the papers that compare with it (50,000 samples there)
     FID = |mu_1 - mu_2|^2 + tr(S_1 + S_2 - 2 (S_1 S_2)^(1/2))   for features ~ (mu_i, S_i)
 """
 
@@ -70,14 +72,14 @@ class Classifier:
         except (OSError, ValueError) as e:
             raise ClassifierExportError(
                 f"cannot load a classifier from {path!r} ({e.__class__.__name__}: {e}). Pass a "
-                "directory written by vision.gan_metrics.save_classifier, e.g. by "
-                "`python -m vision.digits_classifier --out DIR`."
+                "directory written by vision.metrics.gan.save_classifier, e.g. by "
+                "`python -m vision.metrics.digits_classifier --out DIR`."
             ) from e
         for attr in ("classify", "image_size", "channels"):
             if not hasattr(self._model, attr):
                 raise ClassifierExportError(
                     f"{path!r} is a SavedModel but has no `{attr}`; save it with "
-                    "vision.gan_metrics.save_classifier."
+                    "vision.metrics.gan.save_classifier."
                 )
         self.image_size = int(self._model.image_size.numpy())
         self.channels = int(self._model.channels.numpy())
@@ -108,13 +110,23 @@ class Classifier:
         return np.concatenate(features), np.concatenate(logits)
 
 
-def inception_score(logits: np.ndarray, splits: int = 1) -> tuple[float, float]:
+# Papers report IS as the mean over 10 splits of 50,000 samples (Salimans et al. 2016).
+IS_SPLITS = 10
+PAPER_SAMPLES = 50_000
+# FID's matrix square root may have an imaginary part from rounding; more than this (on
+# the diagonal) means the covariances are not valid (e.g. not positive semi-definite).
+MAX_IMAGINARY = 1e-3
+
+
+def inception_score(logits: np.ndarray, splits: int = IS_SPLITS) -> tuple[float, float]:
     """Inception Score of the samples whose class logits are `logits` `[N, K]`.
 
     Returns:
         (mean, std) of the score over `splits` equal parts of the samples.
     """
     logits = np.asarray(logits, np.float64)
+    if not 1 <= splits <= len(logits):
+        raise ValueError(f"Inception Score over {splits} splits needs at least {splits} samples.")
     log_p = logits - scipy.special.logsumexp(logits, axis=1, keepdims=True)
     scores = []
     for part in np.array_split(log_p, splits):
@@ -137,16 +149,29 @@ def frechet_distance(
     mu1, mu2 = np.atleast_1d(mu1).astype(np.float64), np.atleast_1d(mu2).astype(np.float64)
     sigma1 = np.atleast_2d(sigma1).astype(np.float64)
     sigma2 = np.atleast_2d(sigma2).astype(np.float64)
-    with warnings.catch_warnings():  # singular products are handled below
-        warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
-        covmean, _ = scipy.linalg.sqrtm(sigma1 @ sigma2, disp=False)
+    covmean = _sqrtm(sigma1 @ sigma2)
     if not np.all(np.isfinite(covmean)):
         # Singular product (fewer samples than features): regularise, as is customary.
         offset = np.eye(len(mu1)) * 1e-6
-        covmean = scipy.linalg.sqrtm((sigma1 + offset) @ (sigma2 + offset))
-    covmean = np.real(covmean)  # imaginary parts are numerical noise
+        covmean = _sqrtm((sigma1 + offset) @ (sigma2 + offset))
+    if np.iscomplexobj(covmean):
+        imaginary = float(np.max(np.abs(np.diagonal(covmean).imag)))
+        if imaginary > MAX_IMAGINARY:
+            raise ValueError(
+                f"FID: the square root of sigma1 @ sigma2 has an imaginary part of {imaginary:.3g} "
+                "on its diagonal: the covariances are not valid (positive semi-definite) "
+                "covariances. Compute them with gaussian_statistics from real features."
+            )
+        covmean = covmean.real  # imaginary parts this small are rounding noise
     diff = mu1 - mu2
     return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * np.trace(covmean))
+
+
+def _sqrtm(matrix: np.ndarray) -> np.ndarray:
+    with warnings.catch_warnings():  # singular products are handled by the caller
+        warnings.simplefilter("ignore", scipy.linalg.LinAlgWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return scipy.linalg.sqrtm(matrix)
 
 
 def fid_from_features(features1: np.ndarray, features2: np.ndarray) -> float:
@@ -154,24 +179,36 @@ def fid_from_features(features1: np.ndarray, features2: np.ndarray) -> float:
     return frechet_distance(*gaussian_statistics(features1), *gaussian_statistics(features2))
 
 
-def evaluate(
-    classifier: Classifier,
-    images: np.ndarray,
+def scores(
+    features: np.ndarray,
+    logits: np.ndarray,
     labels: np.ndarray | None = None,
     reference_statistics: tuple[np.ndarray, np.ndarray] | None = None,
-    splits: int = 1,
+    splits: int = IS_SPLITS,
 ) -> dict[str, float]:
-    """Metrics of generated `images`.
+    """Metrics of generated images from their classifier `features` and `logits`.
 
     Returns:
-        "inception_score"; "fid" against `reference_statistics` = (mu, sigma) of real features,
-        if given; "class_accuracy", the fraction the classifier labels as their conditioning
-        class `labels`, if given.
+        "inception_score" (mean over `splits` splits) and "inception_score_std"; "fid" against
+        `reference_statistics` = (mu, sigma) of real features, if given; "class_accuracy", the
+        fraction the classifier labels as their conditioning class `labels`, if given.
     """
-    features, logits = classifier(images)
-    results = {"inception_score": inception_score(logits, splits)[0]}
+    score, spread = inception_score(logits, splits)
+    results = {"inception_score": score, "inception_score_std": spread}
     if reference_statistics is not None:
         results["fid"] = frechet_distance(*gaussian_statistics(features), *reference_statistics)
     if labels is not None:
         results["class_accuracy"] = float(np.mean(np.argmax(logits, 1) == np.asarray(labels)))
     return results
+
+
+def evaluate(
+    classifier: Classifier,
+    images: np.ndarray,
+    labels: np.ndarray | None = None,
+    reference_statistics: tuple[np.ndarray, np.ndarray] | None = None,
+    splits: int = IS_SPLITS,
+) -> dict[str, float]:
+    """`scores` of generated `images` (all in memory; see `scores` for large sets)."""
+    features, logits = classifier(images)
+    return scores(features, logits, labels, reference_statistics, splits)

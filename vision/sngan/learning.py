@@ -17,13 +17,24 @@ Losses (hinge, Lim & Ye 2017; Miyato et al. 2018), with `D` the projection discr
     L_G = -E_z[D(G(z, y'), y')]
 
 One training step = `disc_steps` discriminator updates (each on a fresh real batch) followed by
-one generator update. After each generator update the EMA generator follows
+one generator update. Both Adam learning rates decay linearly to zero over the run
+(`lr_decay="linear"`): lr(t) = lr * (1 - t / total_steps) at generator step t.
+After each generator update the EMA generator follows
 
     w_ema <- decay * w_ema + (1 - decay) * w    (w_ema <- w before `ema_start` steps)
 
-and it is the EMA generator that is sampled and evaluated.
+and it is the EMA generator that is sampled and evaluated, with its batch-norm statistics
+recomputed for the averaged weights first ("standing statistics", Brock et al. 2019): the
+moving statistics accumulated during training belong to the raw generator's weights, not to
+their average.
+
+Defaults follow Miyato et al. 2018 ("Spectral Normalization for GANs", ResNet setting) and
+Miyato & Koyama 2018 ("cGANs with Projection Discriminator", ImageNet): n_dis = 5
+discriminator updates per generator update, Adam with lr 2e-4, beta1 0, beta2 0.9, and the
+learning rate decayed linearly to 0. The EMA generator is BigGAN's (Brock et al. 2019).
 """
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 
@@ -31,7 +42,10 @@ import sonnet as snt
 import tensorflow as tf
 
 import replication
-from vision import sngan
+from vision.common.normalization import BatchNorm
+from vision.sngan import networks as sngan
+
+LR_DECAYS = ("linear", "constant")
 
 
 @dataclasses.dataclass
@@ -45,12 +59,15 @@ class SNGANConfig:
     g_base_channels: int = 64
     d_base_channels: int = 64
     global_batch_size: int = 64
-    disc_steps: int = 2
+    disc_steps: int = 5  # n_dis
     g_learning_rate: float = 2e-4
     d_learning_rate: float = 2e-4
     beta1: float = 0.0
-    beta2: float = 0.999
+    beta2: float = 0.9
     adam_epsilon: float = 1e-8
+    lr_decay: str = "linear"  # to 0 over `total_steps`, or "constant"
+    total_steps: int = 100_000  # generator steps the linear decay spans (the run's --steps)
+    standing_samples: int = 1024  # latents the EMA generator's batch-norm statistics use
     ema_decay: float = 0.999
     ema_start: int = 1000
     bn_decay: float = 0.999
@@ -72,6 +89,10 @@ class SNGANConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
+        if self.lr_decay not in LR_DECAYS:
+            raise ValueError(f"lr_decay must be one of {LR_DECAYS}, got {self.lr_decay!r}")
+        if self.total_steps < 1 or self.standing_samples < 1:
+            raise ValueError("total_steps and standing_samples must be >= 1")
 
 
 def discriminator_hinge_loss(real_logits: tf.Tensor, fake_logits: tf.Tensor) -> tf.Tensor:
@@ -139,6 +160,10 @@ class SNGANLearner(snt.Module):
             self.generator_ema = generator("generator_ema")
             self.discriminator = sngan.Discriminator(c.num_classes, c.image_size, c.d_base_channels)
 
+            # The current learning rates: set from the schedule at every update.
+            self.g_learning_rate = tf.Variable(c.g_learning_rate, trainable=False, name="g_lr")
+            self.d_learning_rate = tf.Variable(c.d_learning_rate, trainable=False, name="d_lr")
+
             def adam(learning_rate):
                 return replicator.wrap_optimizer(
                     snt.optimizers.Adam(
@@ -146,8 +171,8 @@ class SNGANLearner(snt.Module):
                     )
                 )
 
-            self.g_optimizer = adam(c.g_learning_rate)
-            self.d_optimizer = adam(c.d_learning_rate)
+            self.g_optimizer = adam(self.g_learning_rate)
+            self.d_optimizer = adam(self.d_learning_rate)
             # Number of generator updates done; also indexes the noise seeds.
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self._build()
@@ -155,8 +180,16 @@ class SNGANLearner(snt.Module):
         self._disc_fn = tf.function(self._disc_step_impl, autograph=False)
         self._gen_fn = tf.function(self._gen_step_impl, autograph=False)
         self._generate = tf.function(self._generate_impl, autograph=False)
+        self._standing_fn = tf.function(self._standing_impl, autograph=False)
 
     # ------------------------------------------------------------------ per-replica computation
+
+    def _decay_factor(self) -> tf.Tensor:
+        """lr(t) / lr: 1 - t / total_steps ("linear", floored at 0) or 1 ("constant")."""
+        if self.config.lr_decay == "constant":
+            return tf.constant(1.0)
+        progress = tf.cast(self.step, tf.float32) / float(self.config.total_steps)
+        return tf.maximum(0.0, 1.0 - progress)
 
     def _noise(self, local_batch: int, sub_step) -> tuple[tf.Tensor, tf.Tensor]:
         """This replica's slice of the global batch of latents and fake labels."""
@@ -179,6 +212,7 @@ class SNGANLearner(snt.Module):
         z, fake_labels = self._noise(local_batch, sub_step)
         fakes = self.generator(z, fake_labels, is_training=True)
         d_vars = self.discriminator.trainable_variables
+        self.d_learning_rate.assign(self.config.d_learning_rate * self._decay_factor())
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(d_vars)
             # One call on real+fake advances the spectral-norm power iteration once per step.
@@ -199,6 +233,7 @@ class SNGANLearner(snt.Module):
         c = self.config
         z, labels = self._noise(self.per_replica_batch_size, c.disc_steps)
         g_vars = self.generator.trainable_variables
+        self.g_learning_rate.assign(self.config.g_learning_rate * self._decay_factor())
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(g_vars)
             fakes = self.generator(z, labels, is_training=True)
@@ -275,6 +310,58 @@ class SNGANLearner(snt.Module):
         }
         metrics.update(self._gen_fn())
         return metrics
+
+    # ------------------------------------------------------------------ standing statistics
+
+    def _ema_statistics(self) -> list[tf.Variable]:
+        """The EMA generator's batch-norm moving-average state (counters, hidden, averages)."""
+        return [
+            v
+            for m in self.generator_ema.submodules
+            if isinstance(m, BatchNorm)
+            for v in m.moving_mean.variables + m.moving_variance.variables
+        ]
+
+    def _standing_replica(self, seed: tf.Tensor) -> tf.Tensor:
+        c = self.config
+        n = replication.num_replicas()
+        local = -(-c.standing_samples // n)  # ceil: every replica the same share
+        z = tf.random.stateless_normal([local * n, c.latent_dim], tf.stack([seed, -1]))
+        y = tf.random.stateless_uniform(
+            [local * n], tf.stack([seed, -2]), maxval=c.num_classes, dtype=tf.int32
+        )
+        start = tf.cast(replication.replica_id(), tf.int32) * local
+        for module in self.generator_ema.submodules:
+            if isinstance(module, BatchNorm):
+                module.reset_moving_statistics()
+        # One update of freshly reset (debiased) averages stores exactly the moments of
+        # this global batch of `standing_samples` latents, taken under the EMA weights.
+        self.generator_ema(z[start : start + local], y[start : start + local], is_training=True)
+        return tf.constant(0)
+
+    def _standing_impl(self, seed: tf.Tensor) -> tf.Tensor:
+        return self._repl.run(self._standing_replica, seed)
+
+    @contextlib.contextmanager
+    def standing_statistics(self, seed: int = 0):
+        """Within this context the EMA generator normalises with standing statistics.
+
+        The EMA generator's batch-norm statistics are recomputed for its averaged weights
+        from `config.standing_samples` latents (and random labels); on exit the statistics
+        the EMA keeps averaging during training are put back, so sampling or evaluating
+        changes nothing in the training state (a resumed run stays exact).
+
+        Every worker of a multi-worker run must enter it together (it runs a replicated
+        step); inside, sampling is local.
+        """
+        state = self._ema_statistics()
+        saved = [v.numpy() for v in state]
+        self._standing_fn(tf.constant(seed, tf.int64))
+        try:
+            yield
+        finally:
+            for variable, value in zip(state, saved):
+                variable.assign(value)
 
     def _generate_impl(self, z, labels, use_ema):
         generator = self.generator_ema if use_ema else self.generator

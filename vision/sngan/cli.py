@@ -3,32 +3,42 @@
     replicator train sngan --data digits --replicas cpu:2 --steps 1000 --batch-size 64 \\
         --run-dir runs/sngan-digits --classifier runs/digits-classifier
     replicator train sngan --data /data/imagenet --replicas gpu --image-size 128 \\
-        --batch-size 2048 --g-channels 96 --d-channels 96 --steps 100000 --run-dir runs/sngan
+        --batch-size 256 --g-channels 64 --d-channels 64 --steps 450000 --run-dir runs/sngan
+    replicator train sngan --data digits --workers 2 --steps 100    # 2 processes, one run
     replicator train sngan --run-dir runs/sngan-digits --steps 2000   # resume, train longer
+
+The optimisation defaults are Miyato et al. 2018's (n_dis 5, Adam lr 2e-4, betas (0, 0.9),
+learning rates decayed linearly to 0 over --steps). ImageNet data (tfds TFRecords or class
+folders) is centre-cropped to a square, resized and flipped at random.
 
 Every flag left out takes the run directory's saved value when resuming, else the default
 below. Usage errors (bad flags, data, run directory, batch split) print one line and exit
 with status 2; diverged losses exit with 1.
 
-For IS/FID pass --classifier: a directory written by `vision.gan_metrics.save_classifier`,
-e.g. `python -m vision.digits_classifier --out runs/digits-classifier` for the digits.
+For IS/FID pass --classifier: a directory written by `vision.metrics.gan.save_classifier`,
+e.g. `python -m vision.metrics.digits_classifier --out runs/digits-classifier` for the digits.
+IS is the mean over 10 splits of --eval-samples samples (default 50,000, as papers report it;
+1,000 for the digits).
 
-Without the `replicator` console script: `python -m vision.sngan_cli train sngan ...`.
+Without the `replicator` console script: `python -m vision.sngan.cli train sngan ...`.
 """
 
+from __future__ import annotations
+
 import argparse
-import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 
-from vision import training_common
+from vision.common import cli as common_cli
+from vision.common.run_dir import saved_config
 
+MODULE = "vision.sngan.cli"
 # Flag (argparse dest) -> field of SNGANRunConfig.to_flat_dict(); flags default to None.
 _FLAGS = {
     "data": "data",
     "replicas": "replicas",
+    "workers": "workers",
     "steps": "steps",
     "classifier": "classifier",
     "eval_every": "eval_every",
@@ -49,6 +59,8 @@ _FLAGS = {
     "d_lr": "d_learning_rate",
     "beta1": "beta1",
     "beta2": "beta2",
+    "lr_decay": "lr_decay",
+    "standing_samples": "standing_samples",
     "ema_decay": "ema_decay",
     "ema_start": "ema_start",
     "bn_decay": "bn_decay",
@@ -63,6 +75,7 @@ _DATA_DEFAULTS = {
         "d_base_channels": 16,
         "ema_start": 100,
         "ema_decay": 0.99,
+        "eval_samples": 1000,
     }
 }
 _FOLDER_DEFAULTS = {"image_size": 32, "channels": 3}
@@ -70,7 +83,7 @@ _FOLDER_DEFAULTS = {"image_size": 32, "channels": 3}
 
 def register(subparsers) -> argparse.ArgumentParser:
     """Adds the `sngan` command to the `train` command's subparsers."""
-    from vision.sngan_train import SNGANRunConfig  # pylint: disable=import-outside-toplevel
+    from vision.sngan.training import SNGANRunConfig  # pylint: disable=import-outside-toplevel
 
     d = SNGANRunConfig().to_flat_dict()
     parser = subparsers.add_parser(
@@ -83,14 +96,10 @@ def register(subparsers) -> argparse.ArgumentParser:
     add = parser.add_argument
     add(
         "--data",
-        help="'digits' or a directory with one sub-directory of images per class "
-        f"(DIR/<class>/*.png or DIR/train/<class>/*.JPEG) (default: {d['data']})",
+        help="'digits', ImageNet as tfds TFRecords, or a directory with one sub-directory of "
+        f"images per class (DIR/<class>/*.png or DIR/train/<class>/*.JPEG) (default: {d['data']})",
     )
-    add(
-        "--replicas",
-        help=f"replication spec: cpu, cpu:N, gpu, multiworker, tpu (default: {d['replicas']})",
-    )
-    add("--run-dir", help="run directory (default: runs/sngan-<time>); reusing one resumes")
+    common_cli.add_run_flags(parser, "sngan", d)
     add(
         "--batch-size",
         type=int,
@@ -137,6 +146,17 @@ def register(subparsers) -> argparse.ArgumentParser:
     add("--beta1", type=float, help=f"Adam beta1 (default: {d['beta1']})")
     add("--beta2", type=float, help=f"Adam beta2 (default: {d['beta2']})")
     add(
+        "--lr-decay",
+        choices=("linear", "constant"),
+        help=f"learning rates decay linearly to 0 over --steps, or stay (default: {d['lr_decay']})",
+    )
+    add(
+        "--standing-samples",
+        type=int,
+        help="latents used to recompute the EMA generator's batch-norm statistics before "
+        f"sampling (default: {d['standing_samples']})",
+    )
+    add(
         "--ema-decay",
         type=float,
         help=f"generator weight EMA decay (default: {d['ema_decay']}; digits 0.99)",
@@ -150,7 +170,6 @@ def register(subparsers) -> argparse.ArgumentParser:
     add(
         "--bn-decay", type=float, help=f"batch-norm moving-average decay (default: {d['bn_decay']})"
     )
-    add("--seed", type=int, help="initialisation, data order and noise seed (default: 0)")
     add(
         "--classifier",
         help="classifier directory for Inception Score / FID / class accuracy "
@@ -164,11 +183,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     add(
         "--eval-samples",
         type=int,
-        help=f"images per IS/FID evaluation (default: {d['eval_samples']})",
+        help=f"images per IS/FID evaluation (default: {d['eval_samples']}; digits 1000)",
     )
-    add("--log-every", type=int, help=f"steps between progress lines (default: {d['log_every']})")
-    add("--checkpoint-every", type=int, help=f"(default: {d['checkpoint_every']})")
-    add("--keep-checkpoints", type=int, help=f"(default: {d['keep_checkpoints']})")
     add(
         "--grid-classes",
         type=int,
@@ -185,26 +201,13 @@ def register(subparsers) -> argparse.ArgumentParser:
 
 def resolve_config(args: argparse.Namespace):
     """Defaults (by data) <- the run directory's saved config <- flags given."""
-    from vision.sngan_train import SNGANRunConfig  # pylint: disable=import-outside-toplevel
+    from vision.sngan.training import SNGANRunConfig  # pylint: disable=import-outside-toplevel
 
-    values = SNGANRunConfig().to_flat_dict()
-    saved = {}
-    config_path = os.path.join(args.run_dir, training_common.CONFIG_FILE)
-    if os.path.exists(config_path):
-        try:
-            with open(config_path) as f:
-                saved = json.load(f).get("config", {})
-        except (OSError, ValueError, AttributeError) as error:
-            raise training_common.RunDirError(
-                f"cannot read {config_path} ({error}); use another --run-dir."
-            ) from None
-    data = args.data if args.data is not None else saved.get("data", values["data"])
-    values.update(_DATA_DEFAULTS.get(data, _FOLDER_DEFAULTS))
-    values.update({k: v for k, v in saved.items() if k in values})
-    for flag, field in _FLAGS.items():
-        given = getattr(args, flag, None)
-        if given is not None:
-            values[field] = given
+    defaults = SNGANRunConfig().to_flat_dict()
+    saved = saved_config(args.run_dir) or {}
+    data = args.data if args.data is not None else saved.get("data", defaults["data"])
+    defaults.update(_DATA_DEFAULTS.get(data, _FOLDER_DEFAULTS))
+    values = common_cli.resolve(defaults, saved, args, _FLAGS)
     # Paths are saved absolute, so a resume from another working directory finds them.
     if values["data"] != "digits":
         values["data"] = os.path.abspath(values["data"])
@@ -213,58 +216,37 @@ def resolve_config(args: argparse.Namespace):
     return SNGANRunConfig.from_flat_dict(values)
 
 
-def _usage_errors():
-    """Errors that mean "the command line asked for something impossible"."""
-    # pylint: disable=import-outside-toplevel
-    import replication
-    from vision.data import DataError
-    from vision.gan_metrics import ClassifierExportError
-    from vision.sngan_train import ConfigError
+def _config_from_args(args):
+    config = resolve_config(args)
+    config.validate()
+    return config
 
-    return (
-        ConfigError,
-        DataError,
-        ClassifierExportError,
-        training_common.RunDirError,
-        replication.BatchSplitError,
-        replication.DeploymentSpecError,
-    )
+
+def _config_from_dict(values):
+    from vision.sngan.training import SNGANRunConfig  # pylint: disable=import-outside-toplevel
+
+    return SNGANRunConfig.from_flat_dict(values)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs `train sngan`; returns the exit status (0 done, 2 usage error, 1 diverged)."""
-    prog = "replicator train sngan"
-    if not args.run_dir:
-        args.run_dir = os.path.join("runs", time.strftime("sngan-%Y%m%d-%H%M%S"))
-    try:
-        config = resolve_config(args)
-        config.validate()
-        import replication  # pylint: disable=import-outside-toplevel
-        from vision import sngan_train  # pylint: disable=import-outside-toplevel
+    from vision.sngan import training  # pylint: disable=import-outside-toplevel
 
-        try:
-            repl = replication.make(config.replicas)
-        except RuntimeError as error:  # e.g. 'gpu' without a GPU, devices set too late
-            raise sngan_train.ConfigError(str(error)) from None
-        sngan_train.train(config, run_dir=args.run_dir, repl=repl)
-    except _usage_errors() as error:
-        print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
-        return 2
-    except FloatingPointError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
-        return 1
-    print(f"Run directory: {args.run_dir}")
-    return 0
+    return common_cli.run_command(
+        args,
+        kind="sngan",
+        module=MODULE,
+        config_from_args=_config_from_args,
+        config_to_dict=lambda config: config.to_flat_dict(),
+        config_from_dict=_config_from_dict,
+        global_batch=lambda config: config.model.global_batch_size,
+        train=training.train,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m vision.sngan_cli train sngan ...` (same as `replicator train sngan`)."""
-    parser = argparse.ArgumentParser(prog="python -m vision.sngan_cli")
-    commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("train")
-    register(train.add_subparsers(dest="model", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    """`python -m vision.sngan.cli train sngan ...` (same as `replicator train sngan`)."""
+    return common_cli.main(register, MODULE, argv)
 
 
 if __name__ == "__main__":

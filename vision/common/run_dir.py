@@ -10,18 +10,17 @@ same directory resumes it:
     RUN/checkpoints/         tf.train.CheckpointManager checkpoints (ckpt-<step>)
     RUN/.lock                pid of the process training in RUN
 
-Typical use (the API is stable; `vision.classification` and the SN-GAN trainer
-both build on it)::
+With several workers (`--workers K`) only the chief (worker 0) writes; the others
+open the directory with `chief=False`, read the saved config and restore the
+chief's checkpoints, and write nothing.
+
+Typical use::
 
     run = RunDir(path, config_dict, kind="resnet50", mutable=("steps",))
-    manager = run.checkpoint_manager(tf.train.Checkpoint(model=model, step=step))
-    start = run.restore(manager)                      # 0 on a fresh run
-    progress = Progress(total_steps, start, items_per_step=batch, unit="images")
     with run:                                         # holds the lock, closes writers
-        ...
+        start = run.attach(tf.train.Checkpoint(model=model, step=step))  # 0 on a fresh run
         run.log(step, {"loss": 0.3}, prefix="train")
-        print(progress.line(step, {"loss": 0.3}))
-        manager.save(checkpoint_number=step)
+        run.save(step)
 """
 
 from __future__ import annotations
@@ -30,12 +29,10 @@ import csv
 import datetime
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Collection, Mapping
-from typing import Any, TextIO
+from typing import Any
 
 import tensorflow as tf
 
@@ -43,6 +40,18 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.csv"
 INVOCATIONS_FILE = "invocations.jsonl"
 LOCK_FILE = ".lock"
+CHECKPOINTS = "checkpoints"
+# Config keys every trainer lets a resume change: how long to train, on which hardware,
+# how often to report. Trainers add their own (e.g. "classifier").
+RESUMABLE_KEYS = (
+    "steps",
+    "replicas",
+    "workers",
+    "log_every",
+    "eval_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+)
 
 
 class RunDirError(ValueError):
@@ -72,20 +81,29 @@ class RunDir:
         train longer, "replicas" to move to other hardware). Any other
         difference is an error naming the key, old and new value; a value of
         None counts as "not specified" and takes the saved value.
+      chief: False for the non-chief workers of a multi-worker run: they read
+        the saved config and checkpoints and never write.
 
     Attributes:
-      path, kind, resumed (bool), config (dict: the saved config, updated with
-      the mutable keys of this invocation).
+      path, kind, chief, resumed (bool), config (dict: the saved config, updated
+      with the mutable keys of this invocation).
 
     Raises:
       RunDirError: see above.
     """
 
     def __init__(
-        self, path: str, config: Mapping[str, Any], *, kind: str, mutable: Collection[str] = ()
+        self,
+        path: str,
+        config: Mapping[str, Any],
+        *,
+        kind: str,
+        mutable: Collection[str] = (),
+        chief: bool = True,
     ):
         self.path = os.path.abspath(path)
         self.kind = kind
+        self.chief = chief
         config = json.loads(json.dumps(dict(config)))  # normalise tuples -> lists
         config_path = os.path.join(self.path, CONFIG_FILE)
         if os.path.exists(config_path):
@@ -123,17 +141,20 @@ class RunDir:
             }
             self.resumed = True
         else:
-            if os.path.isdir(self.path) and os.listdir(self.path):
+            if os.path.isdir(self.path) and os.listdir(self.path) and chief:
                 raise RunDirError(
                     f"{self.path} exists, is not empty and holds no {CONFIG_FILE}: it is not "
                     "a run directory. Choose a new or empty --run-dir."
                 )
-            os.makedirs(self.path, exist_ok=True)
-            write_json_atomic(config_path, {"kind": kind, "config": config, "created": _now()})
+            if chief:
+                os.makedirs(self.path, exist_ok=True)
+                write_json_atomic(config_path, {"kind": kind, "config": config, "created": _now()})
             self.config = config
             self.resumed = False
         self._summary_writer = None
         self._locked = False
+        self._checkpoint: tf.train.Checkpoint | None = None
+        self._manager: tf.train.CheckpointManager | None = None
 
     # -------------------------------------------------------------- lifecycle
     def __enter__(self) -> RunDir:
@@ -145,6 +166,8 @@ class RunDir:
 
     def lock(self) -> None:
         """Marks the directory as in use; refuses if another live process holds it."""
+        if not self.chief:
+            return
         lock_path = os.path.join(self.path, LOCK_FILE)
         if os.path.exists(lock_path):
             try:
@@ -175,25 +198,26 @@ class RunDir:
             self._locked = False
 
     # ------------------------------------------------------------ checkpoints
-    def checkpoint_manager(
-        self, checkpoint: tf.train.Checkpoint, max_to_keep: int = 3
-    ) -> tf.train.CheckpointManager:
-        """A CheckpointManager writing `checkpoint` to RUN/checkpoints."""
-        return tf.train.CheckpointManager(
-            checkpoint, os.path.join(self.path, "checkpoints"), max_to_keep=max_to_keep
-        )
+    def attach(self, checkpoint: tf.train.Checkpoint, max_to_keep: int = 3) -> int:
+        """Makes `checkpoint` the run's checkpoint and restores its latest save.
 
-    def restore(self, manager: tf.train.CheckpointManager) -> int:
-        """Restores the latest checkpoint, if any; returns its step (0 if none).
-
-        The step is the number in the checkpoint's name (save with
-        `manager.save(checkpoint_number=step)`). Every saved object must match
-        an object of `manager.checkpoint`, so a changed model fails loudly.
+        Returns the step of the restored checkpoint (0 on a fresh run). The step
+        is the number in the checkpoint's name (`save(step)` writes `ckpt-<step>`).
+        Every saved object must match an object of `checkpoint`, so a changed
+        model fails loudly.
         """
-        latest = manager.latest_checkpoint
+        self._checkpoint = checkpoint
+        if self.chief:
+            self._manager = tf.train.CheckpointManager(
+                checkpoint, os.path.join(self.path, CHECKPOINTS), max_to_keep=max_to_keep
+            )
+            latest = self._manager.latest_checkpoint
+        else:
+            directory = os.path.join(self.path, CHECKPOINTS)
+            latest = tf.train.latest_checkpoint(directory) if os.path.isdir(directory) else None
         if latest is None:
             return 0
-        status = manager.checkpoint.restore(latest)
+        status = checkpoint.restore(latest)
         try:
             status.assert_existing_objects_matched()
         except AssertionError as error:
@@ -203,17 +227,27 @@ class RunDir:
             ) from None
         return int(latest.rsplit("-", 1)[-1])
 
+    def save(self, step: int) -> None:
+        """Writes checkpoint `ckpt-<step>` (the chief only; other workers write nothing)."""
+        if self._manager is not None:
+            self._manager.save(checkpoint_number=step)
+
     # ---------------------------------------------------------------- metrics
     @property
     def summary_writer(self) -> tf.summary.SummaryWriter:
         if self._summary_writer is None:
-            self._summary_writer = tf.summary.create_file_writer(
-                os.path.join(self.path, "tensorboard")
-            )
+            if not self.chief:
+                self._summary_writer = tf.summary.create_noop_writer()
+            else:
+                self._summary_writer = tf.summary.create_file_writer(
+                    os.path.join(self.path, "tensorboard")
+                )
         return self._summary_writer
 
     def log(self, step: int, metrics: Mapping[str, float], prefix: str = "") -> None:
         """Appends `metrics` at `step` to metrics.csv and TensorBoard ("prefix/name")."""
+        if not self.chief:
+            return
         names = {f"{prefix}/{k}" if prefix else k: float(v) for k, v in metrics.items()}
         path = os.path.join(self.path, METRICS_FILE)
         new = not os.path.exists(path)
@@ -230,6 +264,8 @@ class RunDir:
 
     def record_invocation(self, start_step: int, argv: list[str] | None = None) -> None:
         """Appends who resumed or started the run, when, from which step."""
+        if not self.chief:
+            return
         entry = {
             "time": _now(),
             "start_step": start_step,
@@ -248,12 +284,19 @@ def is_run_dir(path: str) -> bool:
 
 
 def saved_config(path: str) -> dict | None:
-    """The config saved in run directory `path`, or None if it holds no run yet."""
+    """The config saved in run directory `path`, or None if it holds no run yet.
+
+    Raises:
+      RunDirError: the config file exists but cannot be read.
+    """
     config_path = os.path.join(path, CONFIG_FILE)
     if not os.path.exists(config_path):
         return None
-    with open(config_path) as f:
-        return json.load(f).get("config", {})
+    try:
+        with open(config_path) as f:
+            return json.load(f).get("config", {})
+    except (OSError, ValueError, AttributeError) as error:
+        raise RunDirError(f"cannot read {config_path} ({error}); use another --run-dir.") from None
 
 
 def read_metrics(path: str) -> list[dict]:
@@ -272,102 +315,6 @@ def read_metrics(path: str) -> list[dict]:
             }
             for row in csv.DictReader(f)
         ]
-
-
-class GracefulStop:
-    """Turns the first SIGTERM/SIGINT into a request to stop at the next step boundary.
-
-    A trainer checks `requested` after each step and, if set, checkpoints and
-    returns, so a preempted or Ctrl-C'ed run loses no work. A second signal
-    behaves as usual (KeyboardInterrupt / termination). Outside the main thread
-    (where Python cannot install handlers) it does nothing.
-
-        with GracefulStop() as stop:
-            while step < steps and not stop.requested:
-                ...
-    """
-
-    _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {}
-
-    def __enter__(self) -> GracefulStop:
-        if threading.current_thread() is threading.main_thread():
-            for sig in self._SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:  # second signal: give up on a clean stop
-            previous = self._previous.get(signum)
-            self.__exit__()
-            if callable(previous):
-                previous(signum, frame)
-            raise KeyboardInterrupt
-        self.requested = True
-        print(
-            f"Received {signal.Signals(signum).name}: stopping after this step "
-            "(send it again to stop now).",
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-class Progress:
-    """Formats progress lines with throughput: "step 120/1000 (12%)  245.3 images/s  loss 0.41".
-
-    Throughput is measured between consecutive calls of `line`, so call it at
-    the same points (e.g. every `log_every` steps) after the step's results are
-    fetched.
-    """
-
-    def __init__(
-        self,
-        total_steps: int,
-        start_step: int,
-        items_per_step: int,
-        unit: str = "images",
-        stream: TextIO | None = None,
-    ):
-        self.total_steps = total_steps
-        self.items_per_step = items_per_step
-        self.unit = unit
-        self.stream = stream or sys.stdout
-        self._last_step = start_step
-        self._last_time = time.perf_counter()
-
-    def reset_clock(self, step: int) -> None:
-        """Restarts the throughput clock (e.g. after compiling or evaluating)."""
-        self._last_step, self._last_time = step, time.perf_counter()
-
-    def throughput(self, step: int) -> float:
-        """Items per second since the previous call (or `reset_clock`)."""
-        now = time.perf_counter()
-        rate = (step - self._last_step) * self.items_per_step / max(now - self._last_time, 1e-9)
-        self._last_step, self._last_time = step, now
-        return rate
-
-    def line(self, step: int, metrics: Mapping[str, float], rate: float | None = None) -> str:
-        """Returns and prints one progress line for `step`."""
-        rate = self.throughput(step) if rate is None else rate
-        percent = 100.0 * step / max(self.total_steps, 1)
-        parts = [f"step {step}/{self.total_steps} ({percent:3.0f}%)", f"{rate:8.1f} {self.unit}/s"]
-        parts += [f"{name} {_format(value)}" for name, value in metrics.items()]
-        text = "  ".join(parts)
-        print(text, file=self.stream, flush=True)
-        return text
-
-
-def _format(value: float) -> str:
-    value = float(value)
-    return f"{value:.4g}" if abs(value) < 1e4 else f"{value:.3e}"
 
 
 def _now() -> str:

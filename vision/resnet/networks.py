@@ -11,7 +11,7 @@ ResNet-50 on ImageNet:
                   num_classes=10, stem="small", stem_channels=16)
     logits = tiny(images, is_training=True)                     # float32 logits
 
-Every batch norm is a `BatchNorm` (cross-replica: statistics of the global
+Every batch norm is a `vision.common.normalization.BatchNorm` (cross-replica: statistics of the global
 batch), so N replicas of batch B compute what one replica of batch N*B does.
 """
 
@@ -23,93 +23,8 @@ from collections.abc import Sequence
 import sonnet as snt
 import tensorflow as tf
 
-import replication
-from vision import precision as precision_lib
-
-
-class BatchNorm(replication.CrossReplicaBatchNorm):
-    """Cross-replica batch norm whose parameters and statistics stay float32.
-
-    Accepts float32 or bfloat16 inputs and returns the input's dtype; moments
-    are computed in float32. With several replicas in sync the moments are
-    all-reduced across replicas (`replication.CrossReplicaBatchNorm`). With one
-    replica there is nothing to reduce, and the same maths runs as TensorFlow's
-    fused batch-norm kernel, which on CPU is several times faster than the
-    unfused ops; both paths keep the biased (population) batch variance in the
-    moving statistics, so switching replica counts changes nothing but rounding.
-    """
-
-    def __init__(
-        self,
-        decay_rate: float = 0.9,
-        eps: float = 1e-5,
-        scale_init: snt.initializers.Initializer | None = None,
-        name: str | None = None,
-    ):
-        # Moving averages made inside this module's name scope, as snt.BatchNorm
-        # does, so their variables are named ".../bn_0/moving_mean/..." per layer.
-        with tf.name_scope(name or "batch_norm"):
-            moving_mean = snt.ExponentialMovingAverage(decay_rate, name="moving_mean")
-            moving_variance = snt.ExponentialMovingAverage(decay_rate, name="moving_variance")
-        super().__init__(
-            create_scale=True,
-            create_offset=True,
-            moving_mean=moving_mean,
-            moving_variance=moving_variance,
-            eps=eps,
-            scale_init=scale_init,
-            name=name,
-        )
-
-    # pylint: disable-next=arguments-differ  (no test_local_stats/scale/offset here)
-    def __call__(self, inputs: tf.Tensor, is_training: bool) -> tf.Tensor:
-        channels = int(inputs.shape[-1])
-        # Variables are shaped by the channel count and typed float32, whatever the
-        # input dtype: a float32 probe of shape [1, ..., 1, C] creates them.
-        probe = tf.zeros([1] * (inputs.shape.rank - 1) + [channels], tf.float32)
-        self._create_moving_averages(probe)
-        self._initialize(probe)
-
-        if not is_training:
-            mean, variance = self.moving_mean.value, self.moving_variance.value
-            return self._normalize(inputs, mean, variance)
-
-        context = tf.distribute.get_replica_context()
-        single_replica = context is not None and context.num_replicas_in_sync == 1
-        if single_replica and inputs.shape.rank == 4:
-            outputs, mean, variance = self._fused_training(inputs)
-        else:
-            # Outside a replica context this raises the parent's clear TypeError.
-            mean, variance = self._moments(tf.cast(inputs, tf.float32), True)
-            outputs = self._normalize(inputs, mean, variance)
-        self.moving_mean.update(tf.reshape(mean, self.shape))
-        self.moving_variance.update(tf.reshape(variance, self.shape))
-        return outputs
-
-    def _normalize(self, inputs: tf.Tensor, mean: tf.Tensor, variance: tf.Tensor) -> tf.Tensor:
-        # y = (x - mean) * scale / sqrt(var + eps) + offset, folded into one
-        # multiply-add on x; the per-channel coefficients are computed in float32.
-        multiplier = tf.math.rsqrt(variance + self._eps) * self.scale
-        shift = self.offset - mean * multiplier
-        return inputs * tf.cast(multiplier, inputs.dtype) + tf.cast(shift, inputs.dtype)
-
-    def _fused_training(self, inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        empty = tf.constant([], tf.float32)
-        outputs, mean, variance, _, _, _ = tf.raw_ops.FusedBatchNormV3(
-            x=inputs,
-            scale=self.scale,
-            offset=self.offset,
-            mean=empty,
-            variance=empty,
-            epsilon=self._eps,
-            data_format="NHWC",
-            is_training=True,
-        )
-        # The kernel normalises with the population variance but returns the
-        # Bessel-corrected one (n / (n - 1)); undo that for the moving statistics.
-        count = tf.cast(tf.size(inputs) // int(inputs.shape[-1]), tf.float32)
-        variance = variance * (count - 1.0) / tf.maximum(count, 1.0)
-        return outputs, mean, variance
+from vision.common import precision as precision_lib
+from vision.common.normalization import BatchNorm
 
 
 class Conv2D(snt.Module):

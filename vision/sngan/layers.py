@@ -5,7 +5,7 @@ Every weight of an `SN*` layer is divided by its largest singular value, estimat
 on all replicas), so the layer is 1-Lipschitz whatever the batch or replica count.
 
 `ConditionalBatchNorm` normalises with cross-replica batch statistics
-(`replication.CrossReplicaBatchNorm`: the mean and variance are all-reduced over the global batch)
+(`vision.common.normalization.BatchNorm`: the mean and variance are all-reduced over the global batch)
 and then applies a per-class scale and offset looked up from learned class embeddings:
 
     y = gamma[c] * (x - mean) / sqrt(var + eps) + beta[c]
@@ -15,6 +15,7 @@ import sonnet as snt
 import tensorflow as tf
 
 import replication
+from vision.common.normalization import BatchNorm
 
 
 def default_w_init() -> snt.initializers.Initializer:
@@ -123,25 +124,9 @@ class SNEmbed(snt.Module):
         return tf.matmul(tf.one_hot(labels, self.num_classes, dtype=table.dtype), table)
 
 
-def _moving_stats(decay_rate: float, name: str) -> snt.ExponentialMovingAverage:
-    return snt.ExponentialMovingAverage(decay_rate, name=name)
-
-
-def batch_norm(
-    decay_rate: float = 0.999, eps: float = 1e-4, create_scale: bool = True, name: str | None = None
-) -> snt.Module:
-    """Cross-replica batch norm with debiased moving averages for test-time statistics."""
-    with tf.name_scope(name or "batch_norm"):
-        moving_mean = _moving_stats(decay_rate, "moving_mean")
-        moving_variance = _moving_stats(decay_rate, "moving_variance")
-    return replication.CrossReplicaBatchNorm(
-        create_scale=create_scale,
-        create_offset=create_scale,
-        moving_mean=moving_mean,
-        moving_variance=moving_variance,
-        eps=eps,
-        name=name,
-    )
+# The generator's batch norms: eps 1e-4 as in SN-GAN, unfused (one code path for any
+# replica count, so 1 and N replicas differ only by the all-reduce's rounding).
+BN_EPS = 1e-4
 
 
 class ConditionalBatchNorm(snt.Module):
@@ -156,12 +141,14 @@ class ConditionalBatchNorm(snt.Module):
         self,
         num_classes: int,
         decay_rate: float = 0.999,
-        eps: float = 1e-4,
+        eps: float = BN_EPS,
         name: str | None = None,
     ):
         super().__init__(name=name)
         self.num_classes = num_classes
-        self.batch_norm = batch_norm(decay_rate, eps, create_scale=False, name="batch_norm")
+        self.batch_norm = BatchNorm(
+            decay_rate, eps, create_scale=False, fused=False, name="batch_norm"
+        )
 
     @snt.once
     def _initialize(self, inputs: tf.Tensor):

@@ -5,7 +5,7 @@ import pytest
 import scipy.linalg
 import tensorflow as tf
 
-from vision import gan_metrics
+from vision.metrics import gan as gan_metrics
 
 
 def _random_spd(rng, dim):
@@ -86,7 +86,7 @@ def test_inception_score_matches_numpy_and_is_bounded():
     k = 10
     for scale in (0.1, 1.0, 5.0):
         logits = scale * rng.randn(500, k)
-        score, std = gan_metrics.inception_score(logits)
+        score, std = gan_metrics.inception_score(logits, splits=1)
         assert score == pytest.approx(_numpy_inception_score(logits), rel=1e-9)
         assert 1.0 <= score <= k and std == 0.0
 
@@ -94,11 +94,11 @@ def test_inception_score_matches_numpy_and_is_bounded():
 def test_inception_score_extremes():
     k = 10
     confident = 100.0 * np.eye(k)[np.arange(1000) % k]  # sure of each class, classes uniform
-    assert gan_metrics.inception_score(confident)[0] == pytest.approx(k, rel=1e-6)
+    assert gan_metrics.inception_score(confident, splits=1)[0] == pytest.approx(k, rel=1e-6)
     one_class = 100.0 * np.eye(k)[np.zeros(1000, int)]  # sure, but always the same class
-    assert gan_metrics.inception_score(one_class)[0] == pytest.approx(1.0, rel=1e-6)
+    assert gan_metrics.inception_score(one_class, splits=1)[0] == pytest.approx(1.0, rel=1e-6)
     unsure = np.zeros((1000, k))  # uniform predictions
-    assert gan_metrics.inception_score(unsure)[0] == pytest.approx(1.0, rel=1e-9)
+    assert gan_metrics.inception_score(unsure, splits=1)[0] == pytest.approx(1.0, rel=1e-9)
     mean, std = gan_metrics.inception_score(confident, splits=10)
     assert mean == pytest.approx(k, rel=1e-6) and std == pytest.approx(0.0, abs=1e-6)
 
@@ -132,6 +132,7 @@ def test_saved_classifier_round_trip(tmp_path):
         images,
         labels=np.argmax(expected_logits, 1),
         reference_statistics=gan_metrics.gaussian_statistics(expected_features.numpy()),
+        splits=1,
     )
     assert results["class_accuracy"] == 1.0
     assert results["fid"] == pytest.approx(0.0, abs=1e-3)
@@ -146,3 +147,32 @@ def test_classifier_errors_say_what_to_pass(tmp_path):
     tf.saved_model.save(module, str(tmp_path / "other"))
     with pytest.raises(gan_metrics.ClassifierExportError, match="classify"):
         gan_metrics.Classifier(str(tmp_path / "other"))
+
+
+def test_inception_score_by_hand():
+    # Two samples, two classes: p(y|x) = (0.9, 0.1) and (0.1, 0.9), so p(y) = (0.5, 0.5) and
+    # KL = 0.9 ln(0.9 / 0.5) + 0.1 ln(0.1 / 0.5) = 0.368064... for each: IS = e^0.368064.
+    logits = np.log([[0.9, 0.1], [0.1, 0.9]])
+    by_hand = np.exp(0.9 * np.log(1.8) + 0.1 * np.log(0.2))
+    assert by_hand == pytest.approx(1.444935, abs=1e-6)
+    assert gan_metrics.inception_score(logits, splits=1)[0] == pytest.approx(by_hand, rel=1e-9)
+    # With splits of one confident sample each, p(y) = p(y|x): every split scores exactly 1.
+    assert gan_metrics.inception_score(logits, splits=2) == pytest.approx((1.0, 0.0))
+    # Splits of unequal scores: the mean and the (population) std over splits.
+    four = np.log([[0.9, 0.1], [0.1, 0.9], [0.5, 0.5], [0.5, 0.5]])
+    mean, std = gan_metrics.inception_score(four, splits=2)
+    assert (mean, std) == pytest.approx(((by_hand + 1.0) / 2, (by_hand - 1.0) / 2))
+    assert gan_metrics.IS_SPLITS == 10  # the papers' default
+    with pytest.raises(ValueError, match="at least 10 samples"):
+        gan_metrics.inception_score(logits)
+
+
+def test_fid_rejects_a_square_root_with_a_significant_imaginary_part():
+    mu = np.zeros(2)
+    # Not a covariance (a negative variance): sqrtm(S1 S2) = diag(i, 1).
+    with pytest.raises(ValueError, match="imaginary part of 1"):
+        gan_metrics.frechet_distance(mu, np.eye(2), mu, np.diag([-1.0, 1.0]))
+    # Rounding-sized imaginary parts of valid covariances are accepted (and dropped).
+    rng = np.random.RandomState(4)
+    s1, s2 = _random_spd(rng, 8), _random_spd(rng, 8)
+    assert np.isfinite(gan_metrics.frechet_distance(np.zeros(8), s1, np.ones(8), s2))

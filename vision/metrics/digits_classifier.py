@@ -3,7 +3,7 @@
 It plays the role Inception-v3 plays for ImageNet GANs: its penultimate layer gives the FID
 features and its logits the Inception Score and the class accuracy of conditional samples.
 
-    python -m vision.digits_classifier --out runs/digits_classifier --image-size 16
+    python -m vision.metrics.digits_classifier --out runs/digits_classifier --image-size 16
 """
 
 import argparse
@@ -15,7 +15,8 @@ import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
-from vision import gan_data, gan_metrics
+from vision.data import EVAL, GAN, TRAIN, Digits
+from vision.metrics import gan as gan_metrics
 
 
 @dataclasses.dataclass
@@ -70,8 +71,9 @@ def accuracy(model: DigitsClassifier, images: np.ndarray, labels: np.ndarray) ->
 
 def train(config: ClassifierConfig) -> tuple[DigitsClassifier, float]:
     """Trains on the digits train split; returns the model and its eval-split accuracy."""
-    train_x, train_y = gan_data.load_digits(config.image_size, "train").arrays()
-    test_x, test_y = gan_data.load_digits(config.image_size, "eval").arrays()
+    digits = Digits()
+    train_x, train_y = digits.arrays(TRAIN, config.image_size, task=GAN, channels=1)
+    test_x, test_y = digits.arrays(EVAL, config.image_size, task=GAN, channels=1)
     tf.random.set_seed(config.seed)
     model = DigitsClassifier()
     optimizer = snt.optimizers.Adam(config.learning_rate)
@@ -99,7 +101,7 @@ def train(config: ClassifierConfig) -> tuple[DigitsClassifier, float]:
 
 
 def save(model: DigitsClassifier, path: str, image_size: int) -> None:
-    """Writes `model` as a classifier directory for `vision.gan_metrics.Classifier`."""
+    """Writes `model` as a classifier directory for `vision.metrics.gan.Classifier`."""
     gan_metrics.save_classifier(path, model, image_size=image_size, channels=1, module=model)
 
 

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 import sonnet as snt
 import tensorflow as tf
 
-from vision import gan_layers
+from vision.common.normalization import BatchNorm
+from vision.sngan import layers as gan_layers
 
 MIN_IMAGE_SIZE = 8
 MAX_IMAGE_SIZE = 256
@@ -140,7 +141,7 @@ class Generator(snt.Module):
             UpBlock(base_channels * m, num_classes, bn_decay, name=f"block{i}")
             for i, m in enumerate(mults[1:])
         ]
-        self.bn = gan_layers.batch_norm(bn_decay, name="bn_out")
+        self.bn = BatchNorm(bn_decay, gan_layers.BN_EPS, fused=False, name="bn_out")
         self.conv_out = snt.Conv2D(channels, 3, w_init=w_init, name="conv_out")
 
     def __call__(

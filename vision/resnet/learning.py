@@ -1,4 +1,4 @@
-"""Image classification with a ResNet on the replication layer: the per-replica step and its loop.
+"""Image classification with a ResNet on the replication layer: config, schedule, the replica step.
 
 The researcher-facing part is `Classifier._replica_train_step`: the forward,
 loss and update of ONE replica on its share of the batch. `replication` runs it
@@ -6,7 +6,8 @@ on every replica; the only cross-replica operations are the batch-norm moments
 (inside the model) and the gradient mean (inside the wrapped optimizer), so the
 same code trains on `cpu`, `cpu:8`, `gpu` or `multiworker`.
 
-The maths, per step t with global batch size N:
+The maths, per step t with global batch size N, T steps (by default 90 epochs)
+and w warmup steps (by default 5 epochs, at most a tenth of the run):
 
     peak_lr = base_learning_rate * N / 256                      (linear scaling, Goyal et al.)
     lr(t)   = peak_lr * (t + 1) / warmup_steps                  for t < warmup_steps
@@ -22,32 +23,30 @@ The maths, per step t with global batch size N:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
 
-import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
 import replication
-from vision import precision as precision_lib
-from vision import resnet, training_common
-from vision.data import EVAL, TRAIN, ImageDataset, open_dataset
+from vision.common import precision as precision_lib
+from vision.common.cli import ConfigError
+from vision.data import EVAL, ImageDataset
+from vision.metrics.classification import top_k_counts
+from vision.resnet import networks as resnet
 
 SCHEDULES = ("cosine", "step")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names it and what to use."""
 
 
 @dataclasses.dataclass
 class ClassificationConfig:
     """Everything that defines a classification run (saved as the run's config).
 
-    Defaults are ResNet-50 v1.5 on ImageNet at a batch size of 256.
+    Defaults are ResNet-50 v1.5 on ImageNet at a batch size of 256, trained for
+    90 epochs with a 5-epoch linear warmup (Goyal et al. 2017, "Accurate, Large
+    Minibatch SGD"): `steps` and `warmup_steps` are derived from the size of the
+    training split unless given (`resolve`).
     """
 
     data: str = "digits"  # "digits" or an ImageNet directory
@@ -61,9 +60,11 @@ class ClassificationConfig:
     bn_decay: float = 0.9
     stride_in_1x1: bool = False  # True: ResNet v1 (as Keras) instead of v1.5
     batch_size: int = 256  # global, over all replicas
-    steps: int = 1000
+    steps: int | None = None  # None: `epochs` of the training split
+    epochs: float = 90.0
     base_learning_rate: float = 0.1  # for a batch of 256; scaled linearly
-    warmup_steps: int | None = None  # None: 5% of steps
+    warmup_steps: int | None = None  # None: warmup_epochs, at most a tenth of the steps
+    warmup_epochs: float = 5.0
     schedule: str = "cosine"  # "cosine" or "step"
     step_boundaries: tuple[float, ...] = (30 / 90, 60 / 90, 80 / 90)  # fractions of steps
     step_decay: float = 0.1
@@ -75,8 +76,10 @@ class ClassificationConfig:
     seed: int = 0
     log_every: int = 10
     eval_every: int = 0  # steps; 0: only at the end
+    evaluate: bool = True  # False: never evaluate (e.g. data without an eval split)
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
+    workers: int = 1  # processes forming one multi-worker strategy (--workers)
 
     def __post_init__(self):
         self.blocks_per_group = tuple(self.blocks_per_group)
@@ -105,9 +108,12 @@ class ClassificationConfig:
             raise ValueError(f"Unknown schedule {self.schedule!r}; use one of {SCHEDULES}.")
         if self.stem not in ("auto", "imagenet", "small"):
             raise ValueError(f"Unknown stem {self.stem!r}; use auto, imagenet or small.")
+        if self.steps is None and self.epochs <= 0:
+            raise ValueError(f"epochs must be positive (got {self.epochs}).")
         positive = {
             "batch_size": self.batch_size,
-            "steps": self.steps,
+            "steps": 1 if self.steps is None else self.steps,
+            "workers": self.workers,
             "log_every": self.log_every,
             "checkpoint_every": self.checkpoint_every,
             "keep_checkpoints": self.keep_checkpoints,
@@ -131,19 +137,47 @@ class ClassificationConfig:
     def resolved_warmup_steps(self) -> int:
         if self.warmup_steps is not None:
             return self.warmup_steps
-        return round(0.05 * self.steps)
+        return round(0.05 * (self.steps or 0))
+
+    def resolve(self, train_examples: int | None) -> ClassificationConfig:
+        """This config with `steps` and `warmup_steps` set from the epochs they stand for.
+
+        Raises:
+          ConfigError: `steps` is not given and the size of the training split is unknown.
+        """
+        steps, warmup = self.steps, self.warmup_steps
+        if not train_examples:
+            if steps is None:
+                raise ConfigError(
+                    "The size of the training split is unknown (TFRecords without "
+                    "dataset_info.json), so --epochs cannot be turned into steps: pass --steps."
+                )
+            warmup = round(steps / 20) if warmup is None else warmup
+        if steps is None or warmup is None:
+            steps_per_epoch = train_examples / self.batch_size
+            if steps is None:
+                steps = max(1, math.ceil(self.epochs * steps_per_epoch))
+            if warmup is None:
+                warmup = min(round(self.warmup_epochs * steps_per_epoch), round(steps / 10))
+        return dataclasses.replace(self, steps=steps, warmup_steps=warmup)
 
 
 def learning_rate(step: tf.Tensor, config: ClassificationConfig) -> tf.Tensor:
-    """The learning rate at `step` (0-based): linear warmup, then cosine or step decay."""
+    """The learning rate at `step` (0-based): linear warmup, then cosine or step decay.
+
+    A config whose length is not resolved yet (`steps` None) does not decay.
+    """
     step = tf.cast(step, tf.float32)
     peak = config.peak_learning_rate
     warmup = float(config.resolved_warmup_steps)
-    total = float(config.steps)
-    if config.schedule == "cosine":
+    if config.steps is None:
+        decayed = tf.constant(peak)
+    elif config.schedule == "cosine":
+        total = float(config.steps)
         progress = tf.clip_by_value((step - warmup) / max(total - warmup, 1.0), 0.0, 1.0)
         decayed = peak * 0.5 * (1.0 + tf.cos(math.pi * progress))
     else:
+        total = float(config.steps)
         passed = tf.add_n(
             [tf.cast(step >= b * total, tf.float32) for b in config.step_boundaries]
             or [tf.constant(0.0)]
@@ -253,15 +287,7 @@ class Classifier(snt.Module):
     def _replica_eval_step(
         self, images: tf.Tensor, labels: tf.Tensor, mask: tf.Tensor
     ) -> dict[str, tf.Tensor]:
-        logits = self.model(images, is_training=False)
-        valid = mask > 0
-        top1 = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
-        top5 = tf.math.in_top_k(labels, logits, min(5, self.num_classes))
-
-        def count(hits):
-            return tf.reduce_sum(tf.cast(tf.logical_and(hits, valid), tf.int32))
-
-        return {"top1": count(top1), "top5": count(top5), "count": count(tf.ones_like(valid))}
+        return top_k_counts(self.model(images, is_training=False), labels, mask, k=5)
 
     # ---------------------------------------------------- cross-replica code
     def _train_step(self, iterator) -> dict[str, tf.Tensor]:
@@ -297,172 +323,3 @@ class Classifier(snt.Module):
     def checkpoint(self) -> tf.train.Checkpoint:
         """What a checkpoint holds: model (incl. batch-norm statistics), optimizer, step."""
         return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.step)
-
-
-# ------------------------------------------------------------------- the loop
-# Keys that may change when a run directory is resumed: how long to train,
-# on which hardware, and how often to report. Everything else must match.
-RESUMABLE_KEYS = (
-    "steps",
-    "replicas",
-    "log_every",
-    "eval_every",
-    "checkpoint_every",
-    "keep_checkpoints",
-)
-
-
-def train(
-    config: ClassificationConfig,
-    run_dir: str | None = None,
-    repl: replication.Replicator | None = None,
-    print_fn: Callable[[str], None] = print,
-    stop_at: int | None = None,
-) -> dict[str, float]:
-    """Trains (or resumes) a classifier as `config` says; returns the final metrics.
-
-    With `run_dir`, writes config, metrics, summaries and checkpoints there and
-    resumes from its latest checkpoint: model, batch-norm statistics, momentum,
-    step counter and data position (the input stream restarts at the example
-    the interrupted run would have read next) all continue exactly. Note that a
-    resumed run whose `steps` changed follows a different cosine schedule.
-
-    `stop_at` (or a first SIGTERM/SIGINT) ends this invocation early, at a
-    checkpoint, as if preempted; the schedule still spans `config.steps`.
-
-    Raises:
-      ConfigError, DataError, RunDirError, BatchSplitError (all ValueError): bad
-        config, data, run directory or batch size; messages say what to do.
-    """
-    config.validate()
-    saved = training_common.saved_config(run_dir) if run_dir else None
-    if saved is not None:  # resuming: unspecified (None) fields take the saved values
-        config = dataclasses.replace(
-            config,
-            **{
-                k: saved[k]
-                for k, v in dataclasses.asdict(config).items()
-                if v is None and saved.get(k) is not None
-            },
-        )
-    repl = repl or replication.make(config.replicas)
-    dataset = open_dataset(config.data, num_classes=config.num_classes)
-    if saved is None:
-        # A new run saves the values None stood for, so resuming it with another
-        # --steps keeps its warmup length and image size.
-        config = dataclasses.replace(
-            config,
-            image_size=config.image_size or dataset.default_image_size,
-            warmup_steps=config.resolved_warmup_steps,
-        )
-    image_size = config.image_size or dataset.default_image_size
-    # Refuse impossible settings before anything is written to the run directory.
-    repl.per_replica_batch_size(config.batch_size)
-    try:
-        build_model(config, dataset.num_classes, image_size).check_image_size(image_size)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    run = None
-    if run_dir is not None:
-        fields = dataclasses.asdict(config)
-        run = training_common.RunDir(run_dir, fields, kind="resnet50", mutable=RESUMABLE_KEYS)
-        config = ClassificationConfig(**{k: v for k, v in run.config.items() if k in fields})
-    with contextlib.ExitStack() as stack:
-        if run:
-            stack.enter_context(run)  # lock: one process per run directory
-        tf.random.set_seed(config.seed)  # same initial parameters for the same seed
-        classifier = Classifier(config, repl, dataset.num_classes, image_size)
-        manager = start = None
-        if run:
-            manager = run.checkpoint_manager(classifier.checkpoint(), config.keep_checkpoints)
-            start = run.restore(manager)
-            run.record_invocation(start)
-        return _loop(
-            config,
-            classifier,
-            dataset,
-            image_size,
-            repl,
-            run,
-            manager,
-            start or 0,
-            print_fn,
-            stop_at,
-        )
-
-
-def _loop(config, classifier, dataset, image_size, repl, run, manager, start, print_fn, stop_at):
-    if start >= config.steps:
-        print_fn(
-            f"Already trained {start} of {config.steps} steps; pass a larger --steps to "
-            "train further."
-        )
-        results = classifier.evaluate(dataset)
-        print_fn(_eval_line(start, results))
-        return {"step": start, **results}
-    if start:
-        print_fn(f"Resuming from step {start} ({run.path}).")
-    print_fn(
-        f"Training {dataset.name}: {config.steps} steps of {config.batch_size} images "
-        f"({image_size}x{image_size}) on {repl.num_replicas} replica(s) "
-        f"[{config.replicas}], {config.precision}."
-    )
-    if (
-        config.precision == "bfloat16"
-        and config.replicas.startswith("cpu")
-        and precision_lib.cpu_has_native_bfloat16() is False
-    ):
-        print_fn(
-            "Warning: this CPU has no bfloat16 instructions (avx512_bf16/amx_bf16), so "
-            "TensorFlow emulates bfloat16 and training is slower than in float32. "
-            "bfloat16 pays off on TPUs, recent GPUs and CPUs with AMX or AVX512-BF16."
-        )
-    iterator = iter(
-        repl.distribute(
-            dataset.input_fn(
-                TRAIN, config.batch_size, image_size, seed=config.seed, start_step=start
-            )
-        )
-    )
-    progress = training_common.Progress(config.steps, start, config.batch_size, "images")
-    end = min(config.steps, stop_at) if stop_at else config.steps
-    metrics: dict[str, float] = {}
-    results: dict[str, float] = {}
-    step = start
-    with training_common.GracefulStop() as stop:
-        while step < end and not stop.requested:
-            values = classifier.train_step(iterator)
-            step += 1
-            if step == start + 1:  # the first call traces and compiles: not throughput
-                values = {k: float(v) for k, v in values.items()}
-                progress.reset_clock(step)
-            if step % config.log_every == 0 or step == end or stop.requested:
-                metrics = {k: float(v) for k, v in values.items()}
-                if not np.isfinite(metrics["loss"]):
-                    raise FloatingPointError(
-                        f"Loss became {metrics['loss']} at step {step}; lower "
-                        "--base-learning-rate or check the data."
-                    )
-                rate = progress.throughput(step)
-                progress.line(step, metrics, rate)
-                if run:
-                    run.log(step, {**metrics, "images_per_second": rate}, prefix="train")
-            if run and (step % config.checkpoint_every == 0 or step == end or stop.requested):
-                manager.save(checkpoint_number=step)
-            if (config.eval_every and step % config.eval_every == 0) or step == config.steps:
-                results = classifier.evaluate(dataset)
-                print_fn(_eval_line(step, results))
-                if run:
-                    run.log(step, results, prefix="eval")
-                progress.reset_clock(step)
-    if step < config.steps:
-        where = f"rerun with --run-dir {run.path}" if run else "use a run directory"
-        print_fn(f"Stopped at step {step} of {config.steps}; {where} to continue.")
-    return {"step": step, **metrics, **results}
-
-
-def _eval_line(step: int, results: Mapping[str, float]) -> str:
-    return (
-        f"eval at step {step}: top-1 {100 * results['top1']:.2f}%  top-5 "
-        f"{100 * results['top5']:.2f}%  ({results['count']} images)"
-    )
