@@ -383,10 +383,10 @@ def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]]]:
         )
     ray_resources = res.parse_ray_resources(args.ray_resources)
     from launch.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
-    from launch.ray_cluster import is_loopback, pin_to_ip  # pylint: disable=import-outside-toplevel
+    from launch.ray_cluster import pin_to_ip, pins_servers  # pylint: disable=import-outside-toplevel
 
     host = advertise_host_for(args.bind_host)
-    if args.backend == "ray" and host is not None and not is_loopback(host):
+    if args.backend == "ray" and pins_servers(host):
         for role in ("replay", "learner"):  # The nodes that serve: run them on that IP.
             ray_resources.setdefault(role, {}).update(pin_to_ip(host))
     return gpus, ray_resources

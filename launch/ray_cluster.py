@@ -27,8 +27,16 @@ PACKAGES = ("agents", "environments", "launch", "replication", "vision")
 _ENV_VARS = ("MUJOCO_GL", "TF_CPP_MIN_LOG_LEVEL")
 
 
-def is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
+_LOOPBACK_DEFAULTS = ("127.0.0.1", "localhost", "::1")
+
+
+def pins_servers(advertise_host: str | None) -> bool:
+    """Whether `advertise_host` names one Ray node that the servers must run on.
+
+    The loopback default means "this machine" (one machine only); 0.0.0.0 (None) means
+    "wherever each server runs"; any other address names the node to run servers on.
+    """
+    return advertise_host is not None and advertise_host not in _LOOPBACK_DEFAULTS
 
 
 def code_runtime_env() -> dict[str, Any]:
@@ -57,7 +65,7 @@ def check_cluster(ray, program: Program, advertise_host: str | None) -> str | No
     alive = [n for n in ray.nodes() if n.get("Alive")]
     ips = sorted({n["NodeManagerAddress"] for n in alive})
     host: str | None = None
-    if advertise_host is not None and is_loopback(advertise_host):
+    if advertise_host is not None and not pins_servers(advertise_host):
         if len(ips) > 1:
             raise LaunchError(
                 f"the Ray cluster has nodes on {len(ips)} IPs ({', '.join(ips)}) but servers "
