@@ -26,9 +26,13 @@ import socket
 import threading
 from collections.abc import Sequence
 
-# Seconds a collective may wait for a peer before it fails (a dead peer then surfaces
-# as an error in the survivors instead of a hang; the supervisor restarts the group).
-COLLECTIVE_TIMEOUT_S = 120.0
+# No per-collective timeout: in TensorFlow 2.15 a collective with a timeout schedules its
+# timeout check on a new OS thread that sleeps for the whole timeout, so a learner doing
+# tens of all-reduces a second piles up thousands of threads and aborts
+# (std::system_error in CollectiveExecutor::CompleteParamsAsync) within minutes. A dead
+# peer still surfaces: its gRPC connection fails (or the coordination service's
+# heartbeat does), and the supervisor restarts the whole group anyway.
+COLLECTIVE_TIMEOUT_S = None
 
 # Updates between two stop agreements of a group (one scalar all-reduce each).
 STOP_CHECK_EVERY = 10
@@ -81,7 +85,7 @@ def make_replicator(
     spec: str,
     group_addresses: Sequence[str] | None = None,
     index: int = 0,
-    collective_timeout: float = COLLECTIVE_TIMEOUT_S,
+    collective_timeout: float | None = COLLECTIVE_TIMEOUT_S,
 ):
     """This worker's Replicator: `spec` alone, or one multi-worker strategy over the group.
 

@@ -48,7 +48,7 @@ def build_learner(repl, checkpoint_dir=None):
         start = ctx.input_pipeline_id * per_replica
         rows = [tf.nest.map_structure(lambda x: x[start : start + per_replica], t) for t in data]
         stacked = tf.nest.map_structure(lambda *xs: np.stack(xs), *rows)
-        return tf.data.Dataset.from_tensor_slices(Transition(*stacked))
+        return tf.data.Dataset.from_tensor_slices(Transition(*stacked)).repeat()
 
     return D4PGLearner(config, spec, repl, input_fn, checkpoint_dir=checkpoint_dir)
 

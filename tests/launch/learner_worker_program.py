@@ -24,7 +24,7 @@ def main() -> None:
         sys.argv[3],
         sys.argv[4:],
     )
-    repl = learner_group.make_replicator("cpu", workers, index, collective_timeout=60)
+    repl = learner_group.make_replicator("cpu", workers, index)
     import numpy as np
 
     from tests.launch.learner_equivalence import build_learner, weights
@@ -36,12 +36,19 @@ def main() -> None:
         snapshots[f"step{step}"] = weights(learner)
         if step == 0 and index == 0:
             learner.save()
+    # Many more updates must not pile up OS threads (TF 2.15 spends one sleeping thread per
+    # collective when collectives have a timeout; the launcher sets none).
+    threads_before = len(os.listdir("/proc/self/task"))
+    for _ in range(150):
+        learner.step()
+    threads_after = len(os.listdir("/proc/self/task"))
     stop = learner_group.GroupStop(repl, every=1)
     agreed = stop.should_stop(index == 1, 0)  # Only worker 1 wants to stop: both must.
     np.savez(
         out,
         replicas=repl.num_replicas,
         agreed=agreed,
+        threads=[threads_before, threads_after],
         **{f"{k}_{i}": w for k, ws in snapshots.items() for i, w in enumerate(ws)},
     )
 

@@ -76,6 +76,8 @@ def test_two_learner_workers_update_like_one_learner_on_the_global_batch(tmp_pat
         result = np.load(output)
         assert int(result["replicas"]) == 2
         assert bool(result["agreed"])  # Worker 1 alone asked to stop; both agreed.
+        before, after = result["threads"]
+        assert after - before < 50, f"{after - before} OS threads more after 150 updates"
         for key in expected.files:
             np.testing.assert_allclose(result[key], expected[key], rtol=1e-5, atol=1e-6)
     # The weights did change (the comparison is not between two initialisations).
