@@ -171,3 +171,48 @@ def test_cluster_refusals(cluster, tmp_path):
         assert proc.returncode == 2 and len(ours) == 1 and message in ours[0], proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr
         assert not os.path.exists(run_dir)
+
+
+DRIVER = r"""
+import sys
+from launch import launcher
+from launch.program import Node, Program, Resources
+from tests.launch import d4pg_support as s
+
+address, run_dir = sys.argv[1], sys.argv[2]
+node = "tests.launch.nodes:report_env"
+program = Program("gpus", [
+    Node("gpu_node", node, resources=Resources(cpus=0.5, gpus=1, custom={"gpu_box": 1})),
+    Node("cpu_node", node, resources=Resources(cpus=0.5, custom={"gpu_box": 1})),
+])
+outcome = launcher.run(
+    program, run_dir, "ray", ray_address=address, bind_host="0.0.0.0", progress_every=0,
+    stop_when=lambda p: len(s.records(run_dir, kind="env")) >= 2,
+)
+print(outcome.reason)
+"""
+
+
+def test_ray_gives_a_gpu_request_its_gpu_and_none_to_others(cluster, tmp_path):
+    # Ray counts declared GPUs, so a node declaring one stands in for a GPU machine here.
+    c, _, _ = cluster
+    gpu_box = c.add_node(
+        num_cpus=1, num_gpus=1, resources={"gpu_box": 2}, node_ip_address="127.0.0.4"
+    )
+    try:
+        run_dir = str(tmp_path / "run")
+        proc = subprocess.run(
+            [sys.executable, "-c", DRIVER, c.address, run_dir],
+            cwd=s.REPO,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env={**os.environ, "PYTHONPATH": s.REPO},
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen = {r["node"]: r for r in s.records(run_dir, kind="env")}
+        assert seen["gpu_node"]["ray_node_id"] == seen["cpu_node"]["ray_node_id"] == gpu_box.node_id
+        assert seen["gpu_node"]["cuda_visible_devices"] == "0"
+        assert seen["cpu_node"]["cuda_visible_devices"] in ("", None)
+    finally:
+        c.remove_node(gpu_box)
