@@ -7,6 +7,11 @@ node's resource request; the launcher (the Ray driver) polls it for metrics, log
 and published values (JSON strings) and writes them to the run directory, so the
 progress line and metrics.csv work the same as with the local backend.
 
+Servers advertise the IP of the Ray node they run on; node groups (a multi-worker
+learner) reserve one port per member on the member's own Ray node before it runs;
+cluster-wide checks (addresses, placement) and the shipped code are in
+`launch.ray_cluster`.
+
 Checkpoints and TensorBoard files are written by the nodes themselves at the run
 directory's path: on a multi-machine cluster that path must be shared storage
 (NFS or similar) mounted at the same place on every machine.
