@@ -82,8 +82,28 @@ def test_two_learner_workers_update_like_one_learner_on_the_global_batch(tmp_pat
             np.testing.assert_allclose(result[key], expected[key], rtol=1e-5, atol=1e-6)
     # The weights did change (the comparison is not between two initialisations).
     assert not np.allclose(expected["step1_0"], expected["step0_0"])
-    # Only the chief wrote a checkpoint, and exactly where it was told to.
-    assert os.listdir(tmp_path / "checkpoints")
+    # The chief's checkpoint (after update 1) restores into a one-process learner, as
+    # `replicator evaluate` or a relaunch with --learner-workers 1 does.
+    restored = str(tmp_path / "restored.npz")
+    code = (
+        "import sys, numpy as np\n"
+        "from launch import learner_group\n"
+        "repl = learner_group.make_replicator('cpu')\n"
+        "from tests.launch.learner_equivalence import build_learner, weights\n"
+        "learner = build_learner(repl, sys.argv[1])\n"
+        "assert learner.restore() and learner.num_steps == 1\n"
+        "np.savez(sys.argv[2], *weights(learner))\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, checkpoints, restored],
+        cwd=s.REPO,
+        env=python_env(),
+        check=True,
+        timeout=300,
+    )
+    result = np.load(restored)
+    for i in range(len(result.files)):
+        np.testing.assert_allclose(result[f"arr_{i}"], expected[f"step0_{i}"], rtol=1e-6)
 
 
 def _files(root):
