@@ -123,6 +123,8 @@ class LocalBackend:
 
         All members run on this machine: the ports are reserved on the advertised host.
         """
+        for node in nodes:  # Hand out GPUs to all members before starting any.
+            self.node_env(node)
         addresses = reserve_ports(self._advertise_host, len(nodes))
         return [
             self.start(node, {**kw, GROUP_ADDRESSES: addresses}, attempt)
