@@ -32,7 +32,7 @@ from launch.context import FileSink, NodeContext
 from launch.errors import LaunchError
 from launch.learner_group import reserve_ports
 from launch.program import GROUP_ADDRESSES, Node, Program, load_entry_point
-from launch.ray_cluster import check_cluster, code_runtime_env
+from launch.ray_cluster import check_cluster, check_dependencies, code_runtime_env
 from launch.run_dir import RunDir
 from launch.supervisor import Exit
 
@@ -291,6 +291,8 @@ class RayBackend:
         self._handles: list[RayHandle] = []
         try:
             self._advertise_host = check_cluster(ray, program, advertise_host)
+            if address is not None:  # Other machines: do they have what the nodes import?
+                check_dependencies(ray)
         except LaunchError:
             self.close()
             raise

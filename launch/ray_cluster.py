@@ -47,6 +47,54 @@ def code_runtime_env() -> dict[str, Any]:
     return {"py_modules": modules, "env_vars": env}
 
 
+# Third-party packages every node imports; they must be installed on every Ray node.
+DEPENDENCIES = ("tensorflow", "reverb", "dm_control", "sonnet")
+
+
+def missing_modules(names: tuple[str, ...]) -> list[str]:
+    """The modules of `names` this Python cannot import (runs on each Ray node)."""
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    return [n for n in names if importlib.util.find_spec(n) is None]
+
+
+def check_dependencies(ray, modules: tuple[str, ...] = DEPENDENCIES, timeout: float = 120) -> None:
+    """Refuses a cluster where some Ray node lacks a package the nodes import.
+
+    One zero-CPU task per alive Ray node (pinned there) looks the packages up without
+    importing them. A node that cannot answer in `timeout` seconds is not held against
+    the launch (it may just be busy).
+
+    Raises:
+      LaunchError: naming each node and what it lacks.
+    """
+    from ray.util.scheduling_strategies import (  # pylint: disable=import-outside-toplevel
+        NodeAffinitySchedulingStrategy,
+    )
+
+    remote = ray.remote(num_cpus=0)(missing_modules)
+    refs = {
+        n["NodeManagerAddress"]: remote.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(tuple(modules))
+        for n in ray.nodes()
+        if n.get("Alive")
+    }
+    problems = []
+    for ip, ref in refs.items():
+        try:
+            missing = ray.get(ref, timeout=timeout)
+        except Exception:  # pylint: disable=broad-except
+            continue
+        if missing:
+            problems.append(f"{ip} lacks {', '.join(missing)}")
+    if problems:
+        raise LaunchError(
+            f"Ray node(s) cannot run this program: {'; '.join(sorted(problems))}. Install the "
+            "project's dependencies (same versions as here) on every machine of the cluster."
+        )
+
+
 def pin_to_ip(ip: str) -> dict[str, float]:
     """The custom resource that places a node on the Ray node with IP `ip`."""
     return {f"node:{ip}": 0.001}

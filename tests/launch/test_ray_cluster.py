@@ -216,3 +216,20 @@ def test_ray_gives_a_gpu_request_its_gpu_and_none_to_others(cluster, tmp_path):
         assert seen["cpu_node"]["cuda_visible_devices"] in ("", None)
     finally:
         c.remove_node(gpu_box)
+
+
+def test_a_node_without_the_dependencies_is_refused(cluster):
+    from launch.errors import LaunchError
+    from launch.ray_cluster import check_dependencies, code_runtime_env
+
+    c, _, _ = cluster
+    ray.init(address=c.address, runtime_env=code_runtime_env(), log_to_driver=False)
+    try:
+        check_dependencies(ray)  # This machine's nodes have everything.
+        with pytest.raises(LaunchError) as error:
+            check_dependencies(ray, modules=("tensorflow", "no_such_package_here"))
+    finally:
+        ray.shutdown()
+    message = str(error.value)
+    assert message.count("lacks no_such_package_here") == 3  # One per Ray node.
+    assert "127.0.0.2 lacks" in message and "tensorflow" not in message.split("lacks")[1]
