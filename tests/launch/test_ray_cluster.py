@@ -225,11 +225,13 @@ def test_a_node_without_the_dependencies_is_refused(cluster):
     c, _, _ = cluster
     ray.init(address=c.address, runtime_env=code_runtime_env(), log_to_driver=False)
     try:
+        alive = {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
         check_dependencies(ray)  # This machine's nodes have everything.
         with pytest.raises(LaunchError) as error:
             check_dependencies(ray, modules=("tensorflow", "no_such_package_here"))
     finally:
         ray.shutdown()
     message = str(error.value)
-    assert message.count("lacks no_such_package_here") == 3  # One per Ray node.
-    assert "127.0.0.2 lacks" in message and "tensorflow" not in message.split("lacks")[1]
+    assert message.count("lacks no_such_package_here") == len(alive) >= 2  # One per node.
+    assert all(f"{ip} lacks" in message for ip in alive)
+    assert "tensorflow" not in message.split("lacks")[1]
