@@ -95,8 +95,25 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         "--learner-replicas",
         default=defaults.learner_replicas,
         metavar="SPEC",
-        help="replication spec of the learner: cpu, cpu:N, gpu, multiworker, "
-        "tpu, ps (default: %(default)s)",
+        help="replication spec of each learner worker: cpu, cpu:N, cpu:NxM (one worker "
+        "only), gpu (all GPUs the worker is given), gpu:N (default: %(default)s)",
+    )
+    d4pg.add_argument(
+        "--learner-workers",
+        type=int,
+        default=1,
+        metavar="K",
+        help="learner processes forming one synchronous multi-worker learner (each with "
+        "--learner-replicas cpu or gpu[:N]; worker 0 publishes and checkpoints) "
+        "(default: %(default)s)",
+    )
+    d4pg.add_argument(
+        "--ray-resources",
+        action="append",
+        default=[],
+        metavar="ROLE=NAME:AMOUNT[,...]",
+        help="Ray custom resources a role's nodes ask for (backend ray; ROLE: replay, "
+        "learner, actor, evaluator), e.g. learner=learner_host:1; repeatable",
     )
     d4pg.add_argument(
         "--steps",
@@ -124,13 +141,15 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         "--ray-address",
         default=None,
         metavar="HOST:PORT",
-        help="Ray cluster to join (backend ray); default: a private local Ray instance",
+        help="Ray cluster to join (backend ray; default: $RAY_ADDRESS if set, else a "
+        "private local Ray instance)",
     )
     d4pg.add_argument(
         "--bind-host",
         default="127.0.0.1",
-        help="address servers are advertised on; 0.0.0.0 advertises each "
-        "machine's IP (needed on a multi-machine Ray cluster) "
+        help="address servers are advertised on; 0.0.0.0 advertises each server on "
+        "the IP of the machine (Ray node) it runs on, as a multi-machine Ray cluster "
+        "needs; with ray, a node's IP places the replay and learner there "
         "(default: %(default)s)",
     )
     d4pg.add_argument(
@@ -371,10 +390,16 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         raise LaunchError("--replay-port must be between 0 and 65535.")
     if args.ray_address and args.backend != "ray":
         raise LaunchError("--ray-address only applies to --backend ray.")
+    if args.ray_resources and args.backend != "ray":
+        raise LaunchError("--ray-resources only applies to --backend ray.")
+    if args.learner_workers < 1:
+        raise LaunchError("--learner-workers must be at least 1.")
     if args.backend == "ray":
         from launch.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
         from launch.ray_backend import import_ray  # pylint: disable=import-outside-toplevel
 
+        # $RAY_ADDRESS means the same as --ray-address (Ray itself would read it).
+        args.ray_address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
         # Fail fast, before the heavier checks, if Ray is missing.
         import_ray(
             loopback=args.ray_address is None and advertise_host_for(args.bind_host) is not None
@@ -407,18 +432,7 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
     except environments.UnknownTaskError as e:
         raise LaunchError(str(e)) from None
 
-    replicas = d4pg_program.replicas_of(args.learner_replicas)
-    try:
-        import replication  # pylint: disable=import-outside-toplevel
-
-        replication.parse(args.learner_replicas)
-    except ValueError as e:
-        raise LaunchError(f"--learner-replicas: {e}") from None
-    if replicas and config.batch_size % replicas:
-        raise LaunchError(
-            f"--config.batch_size={config.batch_size} must be divisible by the "
-            f"{replicas} learner replicas of {args.learner_replicas}."
-        )
+    learner_gpus, ray_resources = _check_learner(args, config)
 
     run_dir = run_dir or RunDir(_default_run_dir(task))
     identity = d4pg_program.identity(task, config.to_dict())
@@ -438,8 +452,59 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         else (args.eval_every_steps or max(1000, args.steps // 20)),
         keep_snapshots=args.keep_snapshots,
         eval_episodes=args.eval_episodes,
+        learner_workers=args.learner_workers,
+        learner_gpus=learner_gpus,
+        ray_resources=ray_resources,
     )
     return settings, config, identity, run_dir, resuming
+
+
+def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]]]:
+    """Validates the learner layout; returns GPUs per learner worker and Ray resources."""
+    from launch import d4pg_program, learner_group  # pylint: disable=import-outside-toplevel
+    from launch import resources as res  # pylint: disable=import-outside-toplevel
+
+    spec, workers = args.learner_replicas.strip().lower(), args.learner_workers
+    try:
+        import replication  # pylint: disable=import-outside-toplevel
+
+        kind = replication.parse(spec).kind
+    except ValueError as e:
+        raise LaunchError(f"--learner-replicas: {e}") from None
+    if kind in ("multiworker", "ps", "tpu"):
+        raise LaunchError(
+            f"--learner-replicas {spec} is not supported by `launch d4pg`: it takes each "
+            "learner worker's local spec (cpu, cpu:N, gpu, gpu:N); for a learner across "
+            "processes or machines use --learner-workers K (synchronous multi-worker)."
+        )
+    if workers > 1 and args.backend == "threads":
+        raise LaunchError(
+            "--learner-workers > 1 needs one process per worker; use --backend local or ray."
+        )
+    reason = learner_group.check_local_spec(spec, workers)
+    if reason:
+        raise LaunchError(reason)
+    on_cluster = args.backend == "ray" and args.ray_address is not None
+    gpus = res.learner_gpus(
+        spec, workers, args.backend, None if on_cluster else res.local_gpu_ids()
+    )
+    replicas = d4pg_program.replicas_of(spec) or max(1, int(gpus))
+    total = replicas * workers
+    if config.batch_size % total:
+        raise LaunchError(
+            f"--config.batch_size={config.batch_size} must be divisible by the {total} learner "
+            f"replicas ({workers} worker(s) x {replicas} of {spec}); e.g. "
+            f"--config.batch_size={max(total, config.batch_size // total * total)}."
+        )
+    ray_resources = res.parse_ray_resources(args.ray_resources)
+    from launch.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
+    from launch.ray_cluster import pin_to_ip, pins_servers  # pylint: disable=import-outside-toplevel
+
+    host = advertise_host_for(args.bind_host)
+    if args.backend == "ray" and pins_servers(host):
+        for role in ("replay", "learner"):  # The nodes that serve: run them on that IP.
+            ray_resources.setdefault(role, {}).update(pin_to_ip(host))
+    return gpus, ray_resources
 
 
 def _launch_d4pg(args) -> int:
@@ -477,7 +542,9 @@ def _launch_d4pg(args) -> int:
         quiet.move_to(run_dir.path("logs", "launcher.log"))
         print(
             f"{'Resuming' if resuming else 'Starting'} distributed D4PG on {settings.task}: "
-            f"{settings.num_actors} actor(s), learner {settings.learner_replicas}, backend "
+            f"{settings.num_actors} actor(s), learner "
+            + (f"{settings.learner_workers} workers x " if settings.learner_workers > 1 else "")
+            + f"{settings.learner_replicas}, backend "
             f"{args.backend}, budget {args.steps:,} actor steps"
             + (f" ({int(done):,} done)" if done else "")
         )

@@ -14,6 +14,7 @@ Metrics each node reports (see `launch.metrics`):
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -101,6 +102,8 @@ def learner(
     checkpoint_every_s: float = 300.0,
     report_every_s: float = 5.0,
     keep_snapshots: int = 3,
+    worker_index: int = 0,
+    group_addresses: list[str] | None = None,
 ) -> None:
     """Restores from RUN_DIR/checkpoints/learner if any, then updates until stopped.
 
@@ -108,10 +111,17 @@ def learner(
     (by the learner itself) and checkpointed every `checkpoint_every_steps` updates or
     `checkpoint_every_s` seconds, and on stop; each checkpoint also writes a policy
     snapshot RUN_DIR/snapshots/step_N, of which the `keep_snapshots` newest are kept.
-    """
-    import replication  # pylint: disable=import-outside-toplevel
 
-    repl = replication.make(replicas)  # First: logical CPUs must precede any TF op.
+    With `group_addresses` (one per learner worker, set by the backend), this is worker
+    `worker_index` of one multi-worker learner (`launch.learner_group`): every worker
+    samples its own share of the global batch; worker 0, the chief, alone publishes
+    weights, writes checkpoints and TensorBoard; the others only restore the chief's
+    checkpoint and report their own metrics and log.
+    """
+    from launch import learner_group  # pylint: disable=import-outside-toplevel
+
+    # First: logical CPUs and the multi-worker runtime must precede any TF op.
+    repl = learner_group.make_replicator(replicas, group_addresses, worker_index)
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
@@ -121,24 +131,38 @@ def learner(
     _, spec = _environment(cfg, task, seed=cfg.seed)
     from agents.d4pg.learning import ReplayTimeoutError  # pylint: disable=import-outside-toplevel
 
+    workers = len(group_addresses or ()) or 1
+    is_chief = worker_index == 0
+    checkpoints = os.path.join(ctx.run_dir, _CHECKPOINTS, "learner", "")
+    if is_chief:
+        os.makedirs(checkpoints, exist_ok=True)
     # A bounded wait for replay batches keeps the loop responsive to stop requests
-    # while the rate limiter waits for actors.
+    # while the rate limiter waits for actors. Workers of a group wait without bound:
+    # one worker's timed-out sample would leave its peers inside an all-reduce.
     agent = builder.make_learner(
         cfg,
         spec,
         replay_address,
         repl,
-        ctx.path(_CHECKPOINTS, "learner", ""),
-        rate_limiter_timeout_ms=1000,
+        checkpoints,
+        rate_limiter_timeout_ms=1000 if workers == 1 else -1,
+        publish=is_chief,
     )
     restored = agent.restore()
     steps = agent.num_steps
+    role = f"worker {worker_index} of {workers}{' (chief)' if is_chief else ''}, " * (workers > 1)
     ctx.log(
         f"{'restored at' if restored else 'starting from'} step {steps} "
-        f"with {repl.num_replicas} replica(s) ({replicas}); replay at {replay_address}"
+        f"with {repl.num_replicas} replica(s) ({role}{replicas}); replay at {replay_address}"
+        + (f"; group {', '.join(group_addresses)}" if workers > 1 else "")
     )
-    ctx.gauge(learner_steps=steps)
-    writer = tf.summary.create_file_writer(ctx.path("tensorboard", "learner", ""))
+    # Only the chief's step count is the run's; the others report their own key.
+    steps_key = "learner_steps" if is_chief else f"learner_steps_{ctx.name}"
+    ctx.gauge(**{steps_key: steps})
+    writer = None
+    if is_chief:
+        writer = tf.summary.create_file_writer(ctx.path("tensorboard", "learner", ""))
+    stop = learner_group.GroupStop(repl)
     last_report = last_save = time.monotonic()
     steps_at_report = steps_at_save = steps
     metrics: dict[str, float] = {}
@@ -149,7 +173,7 @@ def learner(
         )
 
     try:
-        while not ctx.should_stop():
+        while not stop.should_stop(ctx.should_stop(), steps):
             try:
                 metrics = agent.step()
             except ReplayTimeoutError:
@@ -158,14 +182,15 @@ def learner(
             now = time.monotonic()
             if now - last_report >= report_every_s:
                 rate = (steps - steps_at_report) / (now - last_report)
-                ctx.gauge(learner_steps=steps)
+                ctx.gauge(**{steps_key: steps})
                 ctx.record("learner", learner_steps=steps, steps_per_s=rate, **metrics)
-                with writer.as_default(step=steps):
-                    for name, value in metrics.items():
-                        tf.summary.scalar(f"learner/{name}", value)
-                    tf.summary.scalar("learner/steps_per_second", rate)
+                if writer is not None:
+                    with writer.as_default(step=steps):
+                        for name, value in metrics.items():
+                            tf.summary.scalar(f"learner/{name}", value)
+                        tf.summary.scalar("learner/steps_per_second", rate)
                 last_report, steps_at_report = now, steps
-            if (
+            if is_chief and (
                 steps - steps_at_save >= checkpoint_every_steps
                 or now - last_save >= checkpoint_every_s
             ):
@@ -177,9 +202,12 @@ def learner(
         if not ctx.should_stop() and not ctx.wait(1.0):
             raise
         ctx.log(f"update interrupted by shutdown ({type(e).__name__})")
+    ctx.gauge(**{steps_key: agent.num_steps})
+    if not is_chief:
+        ctx.log(f"stopped at step {agent.num_steps} (the chief writes the checkpoint)")
+        return
     path = agent.save()
     snapshot()
-    ctx.gauge(learner_steps=agent.num_steps)
     writer.flush()
     ctx.log(f"final learner checkpoint at step {agent.num_steps}: {path}")
 

@@ -6,6 +6,10 @@
     learner    `replication.make(learner_replicas)`; restores, updates, publishes
                weights every `publish_period` updates, checkpoints; restarted on failure
                (it resumes from its last checkpoint).
+    learner_k  with `learner_workers` K > 1: workers 1..K-1 of one multi-worker learner
+               (node group "learner", `launch.learner_group`); "learner" is worker 0,
+               the chief, the only one that publishes, checkpoints and writes summaries.
+               A failed worker restarts the whole group from the chief's checkpoint.
     actor_i    noisy episodes -> n-step transitions; restarted on failure.
     evaluator  noise-free episodes every `eval_every_steps` actor steps (or `eval_every_s`
                seconds); restarted on failure.
@@ -81,6 +85,11 @@ class D4PGProgramSettings:
       keep_snapshots: Policy snapshots (RUN/snapshots/step_N) the learner keeps.
       eval_episodes: Episodes per evaluation.
       report_every_s: Period of learner/replay metrics and TensorBoard summaries.
+      learner_workers: Learner processes forming one multi-worker learner (1: one).
+      learner_gpus: GPUs each learner worker asks its backend for (0 for cpu specs).
+      ray_resources: Extra Ray custom resources per role ("replay", "learner",
+        "actor", "evaluator"), e.g. ``{"learner": {"learner_host": 1}}`` (each
+        learner worker asks for them); ignored by the local and threads backends.
     """
 
     task: str = "cartpole:swingup"
@@ -96,6 +105,13 @@ class D4PGProgramSettings:
     eval_episodes: int = 3
     keep_snapshots: int = 3
     report_every_s: float = 5.0
+    learner_workers: int = 1
+    learner_gpus: float = 0.0
+    ray_resources: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    def learner_names(self) -> list[str]:
+        """Node names of the learner workers, the chief first."""
+        return ["learner"] + [f"learner_{i}" for i in range(1, self.learner_workers)]
 
 
 def replicas_of(spec: str) -> int | None:
@@ -122,6 +138,35 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
     """
     common = {"task": settings.task, "config": config}
     address = Ref("replay_address")
+    custom = settings.ray_resources
+    group = settings.learner_workers > 1
+    learners = [
+        Node(
+            name,
+            f"{_NODES}:learner",
+            {
+                **common,
+                "replay_address": address,
+                "replicas": settings.learner_replicas,
+                "checkpoint_every_steps": settings.learner_checkpoint_every_steps,
+                "checkpoint_every_s": settings.learner_checkpoint_every_s,
+                "report_every_s": settings.report_every_s,
+                "keep_snapshots": settings.keep_snapshots,
+                **({"worker_index": index} if group else {}),
+            },
+            resources=Resources(
+                cpus=1.0,
+                gpus=settings.learner_gpus,
+                custom=dict(custom.get("learner", {})),
+                spread=group,
+            ),
+            restart=RestartPolicy(initial_backoff=2.0, max_backoff=60.0),
+            stop_phase=0,
+            stop_timeout=30.0 if index == 0 else 15.0,
+            group="learner" if group else "",
+        )
+        for index, name in enumerate(settings.learner_names())
+    ]
     nodes = [
         Node(
             "replay",
@@ -132,7 +177,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 "checkpoint_every_s": settings.replay_checkpoint_every_s,
                 "report_every_s": settings.report_every_s,
             },
-            resources=Resources(cpus=0.5),
+            resources=Resources(cpus=0.5, custom=dict(custom.get("replay", {}))),
             restart=RestartPolicy(
                 restart=False,
                 fatal_hint="Relaunch the same command (same --run-dir) to resume from the "
@@ -141,23 +186,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
             stop_phase=2,
             stop_timeout=60.0,
         ),
-        Node(
-            "learner",
-            f"{_NODES}:learner",
-            {
-                **common,
-                "replay_address": address,
-                "replicas": settings.learner_replicas,
-                "checkpoint_every_steps": settings.learner_checkpoint_every_steps,
-                "checkpoint_every_s": settings.learner_checkpoint_every_s,
-                "report_every_s": settings.report_every_s,
-                "keep_snapshots": settings.keep_snapshots,
-            },
-            resources=Resources(cpus=1.0),
-            restart=RestartPolicy(initial_backoff=2.0, max_backoff=60.0),
-            stop_phase=0,
-            stop_timeout=30.0,
-        ),
+        *learners,
     ]
     for i in range(settings.num_actors):
         nodes.append(
@@ -170,7 +199,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                     "index": i,
                     "envs_per_actor": settings.envs_per_actor,
                 },
-                resources=Resources(cpus=1.0),
+                resources=Resources(cpus=1.0, custom=dict(custom.get("actor", {})), spread=True),
                 restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
                 stop_phase=1,
                 stop_timeout=3.0,
@@ -187,7 +216,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 "every_s": settings.eval_every_s,
                 "every_steps": settings.eval_every_steps,
             },
-            resources=Resources(cpus=0.5),
+            resources=Resources(cpus=0.5, custom=dict(custom.get("evaluator", {}))),
             restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
             stop_phase=0,
             stop_timeout=3.0,

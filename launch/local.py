@@ -19,7 +19,9 @@ import tempfile
 import time
 from typing import Any
 
-from launch.program import Node
+from launch.learner_group import reserve_ports
+from launch.program import GROUP_ADDRESSES, Node
+from launch.resources import GpuAllocator, local_gpu_ids
 from launch.run_dir import RunDir
 from launch.supervisor import Exit
 
@@ -102,9 +104,32 @@ class LocalBackend:
         self._run_dir = run_dir
         self._advertise_host = advertise_host
         self._env = {**os.environ, **(env or {})}
+        self._gpus: GpuAllocator | None = None  # Created at the first node asking for GPUs.
         # Spec and publication files are launcher-private: keep them out of the run dir.
         self._session = tempfile.mkdtemp(prefix="replicator-launch-")
         self._handles: list[LocalHandle] = []
+
+    def node_env(self, node: Node) -> dict[str, str]:
+        """The environment of `node`'s process: GPUs of its own, or none (`launch.resources`)."""
+        if node.resources.gpus > 0 and self._gpus is None:
+            self._gpus = GpuAllocator(local_gpu_ids())
+        gpus = self._gpus or GpuAllocator([])
+        return {**self._env, **gpus.env(node.name, node.resources.gpus)}
+
+    def start_group(
+        self, nodes: list[Node], kwargs: list[dict], attempts: list[int]
+    ) -> list[LocalHandle]:
+        """Starts the members of a node group, each told every member's address.
+
+        All members run on this machine: the ports are reserved on the advertised host.
+        """
+        for node in nodes:  # Hand out GPUs to all members before starting any.
+            self.node_env(node)
+        addresses = reserve_ports(self._advertise_host, len(nodes))
+        return [
+            self.start(node, {**kw, GROUP_ADDRESSES: addresses}, attempt)
+            for node, kw, attempt in zip(nodes, kwargs, attempts)
+        ]
 
     def start(self, node: Node, kwargs: dict, attempt: int) -> LocalHandle:
         tag = f"{node.name}-{attempt}"
@@ -122,6 +147,7 @@ class LocalBackend:
             "publish_path": publish_path,
             "parent_pid": os.getpid(),
         }
+        env = self.node_env(node)
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
         with open(log_path, "ab") as log:
@@ -135,7 +161,7 @@ class LocalBackend:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=self._env,
+                env=env,
                 start_new_session=True,
                 close_fds=True,
             )

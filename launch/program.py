@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 _REF_KEY = "$ref"
+# The keyword argument a backend adds to every member of a node group.
+GROUP_ADDRESSES = "group_addresses"
 
 
 def Ref(key: str) -> dict:  # noqa: N802 (reads as a type at call sites)
@@ -69,11 +71,17 @@ class Resources:
       cpus: CPU cores to reserve (fractions allowed).
       gpus: GPUs to reserve.
       custom: Ray custom resources, e.g. ``{"learner_host": 1}`` to pin the learner.
+      spread: Ask Ray to spread nodes with this flag over the Ray nodes that fit
+        (``SPREAD`` scheduling), e.g. actors; otherwise Ray packs them.
+
+    `gpus` is also what the local backend honours: a node with ``gpus=0`` runs with
+    ``CUDA_VISIBLE_DEVICES=""``, one with ``gpus=n`` gets n GPUs of its own.
     """
 
     cpus: float = 1.0
     gpus: float = 0.0
     custom: dict[str, float] = dataclasses.field(default_factory=dict)
+    spread: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +129,12 @@ class Node:
         (a late phase) outlives its clients and can save state last.
       stop_timeout: Seconds the node gets to return after a stop request before it
         is killed (a stateless node stuck in a blocking call needs little).
+      group: Nodes with the same non-empty group are one unit (e.g. the workers of
+        one multi-worker learner): started together, and when one fails the others
+        are stopped and all restart together. Each member receives the keyword
+        argument ``group_addresses`` (`GROUP_ADDRESSES`): one ``host:port`` per
+        member, in program order, on a port the backend reserved on the host that
+        member runs on.
     """
 
     name: str
@@ -130,6 +144,7 @@ class Node:
     restart: RestartPolicy = RestartPolicy()
     stop_phase: int = 0
     stop_timeout: float = 10.0
+    group: str = ""
 
     def __post_init__(self):
         if ":" not in self.entry_point:
@@ -188,6 +203,16 @@ class Program:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"Program {self.name!r} has duplicate node names: {duplicates}.")
+        for node in self.nodes:
+            if node.group and GROUP_ADDRESSES in node.kwargs:
+                raise ValueError(
+                    f"Node {node.name!r} is in group {node.group!r}: its backend sets "
+                    f"{GROUP_ADDRESSES!r}; do not pass it."
+                )
+
+    def group(self, name: str) -> list[Node]:
+        """The members of node group `name`, in program order."""
+        return [n for n in self.nodes if n.group == name]
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

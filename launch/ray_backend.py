@@ -7,6 +7,11 @@ node's resource request; the launcher (the Ray driver) polls it for metrics, log
 and published values (JSON strings) and writes them to the run directory, so the
 progress line and metrics.csv work the same as with the local backend.
 
+Servers advertise the IP of the Ray node they run on; node groups (a multi-worker
+learner) reserve one port per member on the member's own Ray node before it runs;
+cluster-wide checks (addresses, placement) and the shipped code are in
+`launch.ray_cluster`.
+
 Checkpoints and TensorBoard files are written by the nodes themselves at the run
 directory's path: on a multi-machine cluster that path must be shared storage
 (NFS or similar) mounted at the same place on every machine.
@@ -25,7 +30,9 @@ from typing import Any
 
 from launch.context import FileSink, NodeContext
 from launch.errors import LaunchError
-from launch.program import Node, Program, load_entry_point
+from launch.learner_group import reserve_ports
+from launch.program import GROUP_ADDRESSES, Node, Program, load_entry_point
+from launch.ray_cluster import check_cluster, check_dependencies, code_runtime_env
 from launch.run_dir import RunDir
 from launch.supervisor import Exit
 
@@ -94,10 +101,25 @@ class RayNode:
         with self._lock:
             self._published[key] = value
 
-    def run(self, spec_json: str) -> str:
+    def reserve_port(self, advertise_host: str | None) -> str:
+        """A ``host:port`` free on the Ray node this actor runs on (for a node group)."""
+        import ray  # pylint: disable=import-outside-toplevel
+
+        host = advertise_host or ray.util.get_node_ip_address()
+        return reserve_ports(host, 1)[0]
+
+    def node_id(self) -> str:
+        """The id of the Ray node this actor runs on."""
+        import ray  # pylint: disable=import-outside-toplevel
+
+        return ray.get_runtime_context().get_node_id()
+
+    def run(self, spec_json: str, *group_addresses: str) -> str:
         import ray  # pylint: disable=import-outside-toplevel
 
         spec = json.loads(spec_json)
+        if group_addresses:
+            spec["kwargs"][GROUP_ADDRESSES] = list(group_addresses)
         host = spec["advertise_host"] or ray.util.get_node_ip_address()
         ctx = NodeContext(
             spec["name"],
@@ -109,7 +131,8 @@ class RayNode:
             log_sink=self._append("_logs"),
             publish_sink=self._publish,
         )
-        ctx.log(f"running on {host} (pid {os.getpid()})")
+        node_id = ray.get_runtime_context().get_node_id()
+        ctx.log(f"running on {host} (Ray node {node_id}, pid {os.getpid()})")
         load_entry_point(spec["entry_point"])(ctx, **spec["kwargs"])
         return "ok"
 
@@ -233,6 +256,7 @@ class RayBackend:
         address: str | None = None,
         advertise_host: str | None = "127.0.0.1",
     ):
+        address = address or os.environ.get("RAY_ADDRESS") or None
         ray = import_ray(loopback=address is None and advertise_host is not None)
         self._ray = ray
         self._run_dir = run_dir
@@ -251,7 +275,12 @@ class RayBackend:
         else:
             _check_reachable(address)
             try:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
+                ray.init(
+                    address=address,
+                    log_to_driver=False,
+                    configure_logging=False,
+                    runtime_env=code_runtime_env(),
+                )
             except Exception as e:  # pylint: disable=broad-except
                 raise LaunchError(
                     f"cannot connect to the Ray cluster at {address}: {e}. Check that "
@@ -259,27 +288,46 @@ class RayBackend:
                     "match this machine's.",
                     exit_code=1,
                 ) from None
-        if advertise_host is not None and _is_loopback(advertise_host):
-            alive = [n for n in ray.nodes() if n.get("Alive")]
-            if len(alive) > 1:
-                raise LaunchError(
-                    f"the Ray cluster has {len(alive)} machines but servers would be advertised on "
-                    f"{advertise_host}, which other machines cannot reach. Pass --bind-host 0.0.0.0 "
-                    "to advertise each server on its machine's IP."
-                )
-        self._actor_class = ray.remote(RayNode)
         self._handles: list[RayHandle] = []
+        try:
+            self._advertise_host = check_cluster(ray, program, advertise_host)
+            if address is not None:  # Other machines: do they have what the nodes import?
+                check_dependencies(ray)
+        except LaunchError:
+            self.close()
+            raise
+        self._actor_class = ray.remote(RayNode)
 
-    def start(self, node: Node, kwargs: dict, attempt: int) -> RayHandle:
+    def _actor(self, node: Node):
         res = node.resources
-        actor = self._actor_class.options(
+        return self._actor_class.options(
             num_cpus=res.cpus,
             num_gpus=res.gpus,
             resources=dict(res.custom) or None,
+            scheduling_strategy="SPREAD" if res.spread else "DEFAULT",
             max_concurrency=4,
             max_restarts=0,
             name=None,
         ).remote()
+
+    def start_group(self, nodes: list[Node], kwargs: list[dict], attempts: list[int]):
+        """Starts a node group: each member reserves a port on the Ray node it was placed on.
+
+        The members' `run` calls take the other members' reservations as arguments, so
+        Ray starts them once every member is placed and has its port; the launcher
+        never blocks on placement.
+        """
+        actors = [self._actor(node) for node in nodes]
+        addresses = [a.reserve_port.remote(self._advertise_host) for a in actors]
+        return [
+            self.start(node, kw, attempt, actor=actor, group_addresses=addresses)
+            for node, kw, attempt, actor in zip(nodes, kwargs, attempts, actors)
+        ]
+
+    def start(
+        self, node: Node, kwargs: dict, attempt: int, *, actor=None, group_addresses=()
+    ) -> RayHandle:
+        actor = actor or self._actor(node)
         spec = {
             "name": node.name,
             "entry_point": node.entry_point,
@@ -292,7 +340,11 @@ class RayBackend:
             f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} start #{attempt} of {node.name} (ray)"
         )
         handle = RayHandle(
-            self._ray, actor, actor.run.remote(json.dumps(spec)), node, self._run_dir
+            self._ray,
+            actor,
+            actor.run.remote(json.dumps(spec), *group_addresses),
+            node,
+            self._run_dir,
         )
         self._handles.append(handle)
         return handle
@@ -305,7 +357,3 @@ class RayBackend:
                 pass
         if self._owns_instance:
             self._ray.shutdown()
-
-
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")

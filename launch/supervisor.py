@@ -198,6 +198,9 @@ class Supervisor:
                 self._published.update(state.handle.published())
 
     def _maybe_start(self, state: _State) -> None:
+        if state.node.group:
+            self._maybe_start_group(state.node.group)
+            return
         missing = [k for k in state.node.refs() if k not in self._published]
         if missing:
             return
@@ -253,6 +256,60 @@ class Supervisor:
         self._echo(
             f"[launch] {name} failed ({exit_.description}); restart #{state.restarts} "
             f"in {delay:.1f}s. {hint}"
+        )
+        if state.node.group:
+            self._stop_group_peers(state)
+
+    # Node groups (see `Node.group`): started together, restarted together.
+    def _group(self, name: str) -> list[_State]:
+        return [s for s in self._states.values() if s.node.group == name]
+
+    def _maybe_start_group(self, name: str) -> None:
+        members = self._group(name)
+        now = time.monotonic()
+        if any(m.handle is not None or m.done or now < m.next_start for m in members):
+            return
+        if any(k not in self._published for m in members for k in m.node.refs()):
+            return
+        kwargs = [resolve_refs(m.node.kwargs, self._published) for m in members]
+        for m in members:
+            m.attempt += 1
+            m.started_at = now
+        try:
+            start_group = getattr(self._backend, "start_group", None)
+            if start_group is None:
+                raise RuntimeError(
+                    f"the {self._backend.name} backend cannot run node groups; use local or ray"
+                )
+            handles = start_group([m.node for m in members], kwargs, [m.attempt for m in members])
+        except Exception as e:  # pylint: disable=broad-except
+            self._on_failure(
+                members[0], Exit(False, f"could not start: {type(e).__name__}: {e}"), hint=""
+            )
+            return
+        for m, handle in zip(members, handles):
+            m.handle = handle
+
+    def _stop_group_peers(self, failed: _State) -> None:
+        """Kills the failed node's group peers; all restart together when it does."""
+        peers = [m for m in self._group(failed.node.group) if m is not failed]
+        stopped = []
+        for peer in peers:
+            if peer.handle is not None:
+                # Killed, not asked: a peer blocked in a collective with the lost member
+                # cannot return, and it must not checkpoint a half-done update.
+                peer.handle.kill()
+                peer.handle.drain()
+                peer.handle = None
+                peer.restarts += 1
+                stopped.append(peer.node.name)
+            peer.next_start = max(peer.next_start, failed.next_start)
+        delay = max(0.0, failed.next_start - time.monotonic())
+        self._echo(
+            f"[launch] group {failed.node.group!r}: {failed.node.name} failed, so "
+            f"{', '.join(stopped) or 'no other member'} stopped too (collectives cannot lose a "
+            f"member); the whole group ({', '.join(m.node.name for m in self._group(failed.node.group))}) "
+            f"restarts in {delay:.1f}s from the last checkpoint"
         )
 
     def _running(self, phase: int | None = None) -> list[_State]:

@@ -67,23 +67,27 @@ def make_learner(
     checkpoint_dir: str | None,
     *,
     rate_limiter_timeout_ms: int = -1,
+    publish: bool = True,
 ) -> D4PGLearner:
     """A learner sampling from `replay_address` and publishing weights to it.
 
     Publishes its initial weights immediately, so actors can start acting.
     Call `restore()` to resume from `checkpoint_dir` (it republishes the weights).
     With `rate_limiter_timeout_ms >= 0`, `step()` raises `ReplayTimeoutError` when no batch
-    could be sampled for that long (default: wait forever).
+    could be sampled for that long (default: wait forever). With `publish=False` the
+    learner samples but never writes weights (one of several learners sharing one
+    update, where a single one publishes).
     """
     learner = D4PGLearner(
         config,
         env_spec,
         replicator,
         input_fn=reverb_input_fn(replay_address, config, rate_limiter_timeout_ms),
-        replay_client=reverb.Client(replay_address),
+        replay_client=reverb.Client(replay_address) if publish else None,
         checkpoint_dir=checkpoint_dir,
     )
-    learner.publish_variables()
+    if publish:
+        learner.publish_variables()
     return learner
 
 

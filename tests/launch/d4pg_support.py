@@ -34,7 +34,7 @@ def tiny_config() -> dict:
     return D4PGConfig.from_overrides(TINY).to_dict()
 
 
-def tiny_program(num_actors=2, replicas="cpu", checkpoint_every_steps=50):
+def tiny_program(num_actors=2, replicas="cpu", checkpoint_every_steps=50, **settings_kwargs):
     settings = d4pg_program.D4PGProgramSettings(
         task=TASK,
         num_actors=num_actors,
@@ -43,6 +43,7 @@ def tiny_program(num_actors=2, replicas="cpu", checkpoint_every_steps=50):
         eval_every_s=3.0,
         eval_episodes=1,
         report_every_s=1.0,
+        **settings_kwargs,
     )
     return d4pg_program.make_program(settings, tiny_config())
 

@@ -86,3 +86,26 @@ if __name__ == "__main__":
         env={"PYTHONPATH": os.getcwd()} if backend == "local" else None,
     )
     print("OUTCOME", outcome.reason, flush=True)
+
+
+def report_env(ctx, group_addresses=None):
+    """Records the GPUs it may see, its group addresses and its Ray node; waits for a stop."""
+    import os
+
+    node_id = None
+    try:
+        import ray
+
+        if ray.is_initialized():
+            node_id = ray.get_runtime_context().get_node_id()
+    except ImportError:
+        pass
+    ctx.record(
+        "env",
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        group_addresses=group_addresses,
+        advertise_host=ctx.advertise_host,
+        ray_node_id=node_id,
+    )
+    while not ctx.wait(0.1):
+        pass

@@ -144,6 +144,15 @@ def test_relaunch_rules_leave_the_run_untouched(finished_run, capsys):
         (["--learner-replicas", "cpu:3"], 2, "must be divisible by the 3 learner replicas"),
         (["--ray-address", "127.0.0.1:1"], 2, "--ray-address only applies to --backend ray"),
         (["--actors", "0"], 2, "--actors must be at least 1"),
+        (["--learner-workers", "0"], 2, "--learner-workers must be at least 1"),
+        (["--learner-workers", "2", "--learner-replicas", "cpu:2"], 2, "one CPU device per"),
+        (["--learner-workers", "3"], 2, "divisible by the 3 learner replicas (3 worker(s)"),
+        (["--learner-workers", "2", "--backend", "threads"], 2, "use --backend local or ray"),
+        (["--learner-replicas", "ps"], 2, "use --learner-workers K"),
+        (["--learner-replicas", "multiworker"], 2, "use --learner-workers K"),
+        (["--learner-replicas", "tpu"], 2, "use --learner-workers K"),
+        (["--ray-resources", "learner=h:1"], 2, "--ray-resources only applies to --backend ray"),
+        (["--backend", "ray", "--ray-resources", "gpu=h:1"], 2, "ROLE one of replay"),
     ],
 )
 def test_bad_launch_input(tmp_path, capsys, args, code, message):
@@ -251,3 +260,44 @@ def test_show_config_prints_effective_flags(capsys):
     assert "--config.sigma=0.2" in lines and "--config.policy_layers=64,64" in lines
     assert cli.main(["launch", "d4pg", "--preset", "paper", "--show-config"]) == 0
     assert "--config.policy_layers=256,256,256" in capsys.readouterr().out.split()
+
+
+def test_gpu_spec_without_gpus(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # No GPU, whatever the machine has.
+    for spec in ("gpu", "gpu:1"):
+        run_dir = str(tmp_path / spec.replace(":", "-"))
+        assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--learner-replicas", spec]) == 2
+        err = _error_line(capsys)
+        assert "this machine has no GPU" in err and len(err.strip().splitlines()) == 1
+        assert not os.path.exists(run_dir)
+
+
+def test_bad_scale_out_input_leaves_an_existing_run_untouched(finished_run, capsys, monkeypatch):
+    run_dir, _ = finished_run
+    before = _snapshot(run_dir)
+    base = ["launch", "d4pg", "--run-dir", run_dir, "--steps", "100000"]
+    assert cli.main([*base, "--learner-workers", "0"]) == 2
+    assert "--learner-workers must be at least 1" in _error_line(capsys)
+    assert cli.main([*base, "--learner-workers", "5"]) == 2  # batch 16 over 5 workers
+    assert "must be divisible by the 5 learner replicas" in _error_line(capsys)
+    # $RAY_ADDRESS is honoured like --ray-address: unreachable -> one line, exit 1.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    assert cli.main([*base, "--backend", "ray"]) == 1
+    err = _error_line(capsys)
+    assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in err
+    assert len(err.strip().splitlines()) == 1
+    monkeypatch.delenv("RAY_ADDRESS")
+    # A --bind-host IP that no node of the (here: private, one-node) Ray cluster has.
+    pytest.importorskip("ray")
+    assert cli.main([*base, "--backend", "ray", "--bind-host", "192.0.2.77"]) == 2
+    err = _error_line(capsys)
+    # (Ray itself may print a notice of its own when it starts; ours is one line.)
+    ours = [line for line in err.splitlines() if line.startswith("replicator: error:")]
+    assert len(ours) == 1
+    assert "--bind-host 192.0.2.77 is not the IP of any node of the Ray cluster" in ours[0]
+    after = _snapshot(run_dir)
+    changed = {p for p in before if before[p] != after.get(p)} | (set(after) - set(before))
+    assert changed <= {os.path.join(run_dir, ".launch.lock")}, changed

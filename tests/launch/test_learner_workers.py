@@ -1,0 +1,171 @@
+"""A D4PG learner spanning two processes (`--learner-workers 2`), on loopback only."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.launch import d4pg_support as s
+from tests.support import python_env
+
+pytestmark = pytest.mark.timeout(600)
+
+PROGRAM = os.path.join(os.path.dirname(__file__), "learner_worker_program.py")
+
+
+def _single_process_reference():
+    code = (
+        "import sys, numpy as np\n"
+        "from launch import learner_group\n"
+        "repl = learner_group.make_replicator('cpu')\n"
+        "from tests.launch.learner_equivalence import build_learner, weights, STEPS\n"
+        "learner = build_learner(repl)\n"
+        "out = {}\n"
+        "for step in range(STEPS):\n"
+        "    learner.step()\n"
+        "    out.update({f'step{step}_{i}': w for i, w in enumerate(weights(learner))})\n"
+        "np.savez(sys.argv[1], **out)\n"
+    )
+    return code
+
+
+def test_two_learner_workers_update_like_one_learner_on_the_global_batch(tmp_path):
+    from launch.learner_group import reserve_ports
+
+    workers = reserve_ports("localhost", 2)
+    outputs = [str(tmp_path / f"worker{i}.npz") for i in range(2)]
+    checkpoints = str(tmp_path / "checkpoints")
+    reference = str(tmp_path / "reference.npz")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, PROGRAM, str(i), outputs[i], checkpoints, *workers],
+            cwd=s.REPO,
+            env=python_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    processes.append(
+        subprocess.Popen(
+            [sys.executable, "-c", _single_process_reference(), reference],
+            cwd=s.REPO,
+            env=python_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    )
+    logs = []
+    try:
+        for process in processes:
+            logs.append(process.communicate(timeout=300)[0])
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert [p.returncode for p in processes] == [0, 0, 0], "\n".join(x[-3000:] for x in logs)
+
+    expected = np.load(reference)
+    for output in outputs:
+        result = np.load(output)
+        assert int(result["replicas"]) == 2
+        assert bool(result["agreed"])  # Worker 1 alone asked to stop; both agreed.
+        before, after = result["threads"]
+        assert after - before < 50, f"{after - before} OS threads more after 150 updates"
+        for key in expected.files:
+            np.testing.assert_allclose(result[key], expected[key], rtol=1e-5, atol=1e-6)
+    # The weights did change (the comparison is not between two initialisations).
+    assert not np.allclose(expected["step1_0"], expected["step0_0"])
+    # The chief's checkpoint (after update 1) restores into a one-process learner, as
+    # `replicator evaluate` or a relaunch with --learner-workers 1 does.
+    restored = str(tmp_path / "restored.npz")
+    code = (
+        "import sys, numpy as np\n"
+        "from launch import learner_group\n"
+        "repl = learner_group.make_replicator('cpu')\n"
+        "from tests.launch.learner_equivalence import build_learner, weights\n"
+        "learner = build_learner(repl, sys.argv[1])\n"
+        "assert learner.restore() and learner.num_steps == 1\n"
+        "np.savez(sys.argv[2], *weights(learner))\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, checkpoints, restored],
+        cwd=s.REPO,
+        env=python_env(),
+        check=True,
+        timeout=300,
+    )
+    result = np.load(restored)
+    for i in range(len(result.files)):
+        np.testing.assert_allclose(result[f"arr_{i}"], expected[f"step0_{i}"], rtol=1e-6)
+
+
+def _files(root):
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files
+    )
+
+
+def test_local_learner_group_steps_writes_from_the_chief_and_restarts_together(tmp_path):
+    run_dir = str(tmp_path / "run")
+    program = s.tiny_program(num_actors=2, checkpoint_every_steps=40, learner_workers=2)
+    assert [n.name for n in program.nodes if n.group == "learner"] == ["learner", "learner_1"]
+    bg = s.Background(program, run_dir, backend="local")
+    sup = bg.supervisor
+
+    # Both workers update (in lockstep: one strategy), each reporting its own steps.
+    s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 60, 300, "chief steps")
+    s.wait_for(
+        lambda: (s.gauge(run_dir, "learner_steps_learner_1", "learner_1") or 0) >= 60,
+        120,
+        "worker 1 steps",
+    )
+    chief_log, worker_log = s.log_text(run_dir, "learner"), s.log_text(run_dir, "learner_1")
+    assert "worker 0 of 2 (chief)" in chief_log and "2 replica(s)" in chief_log
+    assert "worker 1 of 2" in worker_log and "2 replica(s)" in worker_log
+    s.wait_for(
+        lambda: any(f.startswith("ckpt-") for f in os.listdir(f"{run_dir}/checkpoints/learner")),
+        120,
+        "a chief checkpoint",
+    )
+
+    # kill -9 the non-chief worker: the whole group restarts from the chief's checkpoint.
+    before = s.gauge(run_dir, "learner_steps")
+    os.kill(sup.handles()["learner_1"].pid, signal.SIGKILL)
+    s.wait_for(
+        lambda: sup.restarts()["learner"] == 1 and sup.restarts()["learner_1"] == 1,
+        60,
+        "the group restart",
+    )
+    s.wait_for(
+        lambda: s.log_text(run_dir, "learner").count("restored at step") >= 1,
+        240,
+        "the chief to restore its checkpoint",
+    )
+    restored = s.log_text(run_dir, "learner_1").split("restored at step ")[-1].split()[0]
+    assert int(restored) > 0
+    s.wait_for(
+        lambda: (s.gauge(run_dir, "learner_steps") or 0) > before + 20, 300, "steps after restart"
+    )
+    outcome = bg.stop()
+    assert outcome.reason == "interrupted"
+    assert outcome.restarts["learner"] == outcome.restarts["learner_1"] == 1
+    assert "final learner checkpoint" in s.log_text(run_dir, "learner")
+
+    # Only the chief wrote checkpoints and TensorBoard; worker 1 only its log and metrics.
+    files = _files(run_dir)
+    assert [f for f in files if "learner_1" in f] == [
+        "logs/learner_1.log",
+        "metrics/learner_1.jsonl",
+    ]
+    assert sorted(os.listdir(f"{run_dir}/tensorboard")) == ["evaluator", "learner"]
+    top = {f.split("/")[0] for f in files}
+    assert top == {"checkpoints", "logs", "metrics", "metrics.csv", "tensorboard"}, top
+    learner_checkpoints = os.listdir(f"{run_dir}/checkpoints/learner")
+    assert all(f == "checkpoint" or f.startswith("ckpt-") for f in learner_checkpoints)
