@@ -38,7 +38,8 @@ def batches(config, spec):
 
 
 def build_learner(repl, checkpoint_dir=None):
-    config = D4PGConfig.from_dict(s.tiny_config())
+    # One update per call: the test compares exactly one update of each learner.
+    config = D4PGConfig.from_dict({**s.tiny_config(), "updates_per_call": 1})
     spec = env_spec(config)
     data = batches(config, spec)
 
