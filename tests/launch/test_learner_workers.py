@@ -166,6 +166,13 @@ def test_local_learner_group_steps_writes_from_the_chief_and_restarts_together(t
     ]
     assert sorted(os.listdir(f"{run_dir}/tensorboard")) == ["evaluator", "learner", "replay"]
     top = {f.split("/")[0] for f in files}
-    assert top == {"checkpoints", "logs", "metrics", "metrics.csv", "tensorboard"}, top
+    assert top == {
+        "checkpoints",
+        "logs",
+        "metrics",
+        "metrics.csv",
+        "snapshots",
+        "tensorboard",
+    }, top
     learner_checkpoints = os.listdir(f"{run_dir}/checkpoints/learner")
     assert all(f == "checkpoint" or f.startswith("ckpt-") for f in learner_checkpoints)
