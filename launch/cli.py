@@ -7,8 +7,9 @@
     replicator plot --run-dir runs/walker
     replicator list-tasks
 
-Usage errors print one line saying what to do and exit with status 2; nothing in an
-existing run directory is touched when a launch is refused.
+Exit status: 0 finished, 130 interrupted (every node saved), 1 a node failed (at run
+time, or to stop cleanly or to save: the message names it and its log), 2 a usage
+error (one line saying what to do; nothing in an existing run directory is touched).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from launch.errors import LaunchError
+from launch.errors import EXIT_INTERRUPTED, EXIT_NODE_FAILED, LaunchError
 
 _PROG = "replicator"
 # Modules that may register `replicator train NAME` (each has `register(subparsers)`).
@@ -42,6 +43,9 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     from launch.launcher import BACKENDS  # pylint: disable=import-outside-toplevel
 
     defaults = d4pg_program.D4PGProgramSettings()
+    # Flags a run remembers (launch.run_settings) default to None = "not given"; their
+    # help says the default of a new run.
+    own = ", or the run's own when resuming"
     parser = _Parser(prog=_PROG, description=__doc__.split("\n")[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
@@ -66,27 +70,28 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     d4pg.add_argument(
         "--actors",
         type=int,
-        default=defaults.num_actors,
-        help="number of actor nodes (default: %(default)s)",
+        default=None,
+        help=f"number of actor nodes (default: {defaults.num_actors}{own})",
     )
     d4pg.add_argument(
         "--backend",
         choices=BACKENDS,
-        default="local",
-        help="where nodes run: local processes, Ray actors, or threads (default: %(default)s)",
+        default=None,
+        help=f"where nodes run: local processes, Ray actors, or threads (default: local{own})",
     )
     d4pg.add_argument(
         "--learner-replicas",
-        default=defaults.learner_replicas,
+        default=None,
         metavar="SPEC",
         help="replication spec of the learner: cpu, cpu:N, gpu, multiworker, "
-        "tpu, ps (default: %(default)s)",
+        f"tpu, ps (default: {defaults.learner_replicas}{own})",
     )
     d4pg.add_argument(
         "--steps",
         type=int,
-        default=d4pg_program.QUICK_STEPS,
-        help="actor steps budget of the run, counted over relaunches (default: %(default)s)",
+        default=None,
+        help="actor steps budget of the run, counted over relaunches "
+        f"(default: {d4pg_program.QUICK_STEPS}{own})",
     )
     d4pg.add_argument(
         "--run-dir", default=None, help="run directory (default: runs/d4pg-TASK-TIMESTAMP)"
@@ -112,34 +117,61 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     )
     d4pg.add_argument(
         "--bind-host",
-        default="127.0.0.1",
+        default=None,
         help="address servers are advertised on; 0.0.0.0 advertises each "
         "machine's IP (needed on a multi-machine Ray cluster) "
-        "(default: %(default)s)",
+        f"(default: 127.0.0.1{own})",
     )
     d4pg.add_argument(
-        "--replay-port", type=int, default=0, help="replay server port (default: any free port)"
+        "--replay-port",
+        type=int,
+        default=None,
+        help=f"replay server port (default: 0, any free port{own})",
     )
     d4pg.add_argument(
         "--eval-every",
         type=float,
-        default=defaults.eval_every_s,
+        default=None,
         metavar="SECONDS",
-        help="seconds between evaluations (default: %(default)s)",
+        help=f"seconds between evaluations (default: {defaults.eval_every_s:g}{own})",
     )
     d4pg.add_argument(
         "--eval-episodes",
         type=int,
-        default=defaults.eval_episodes,
-        help="episodes per evaluation (default: %(default)s)",
+        default=None,
+        help=f"episodes per evaluation (default: {defaults.eval_episodes}{own})",
     )
     d4pg.add_argument(
         "--checkpoint-every",
         type=int,
-        default=defaults.learner_checkpoint_every_steps,
+        default=None,
         metavar="STEPS",
         help="learner checkpoint period in updates; also every "
-        f"{defaults.learner_checkpoint_every_s:g}s (default: %(default)s)",
+        f"{defaults.learner_checkpoint_every_s:g}s "
+        f"(default: {defaults.learner_checkpoint_every_steps}{own})",
+    )
+    d4pg.add_argument(
+        "--replay-checkpoint-every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="replay checkpoint period: at most this much experience is lost when the "
+        f"replay node dies (default: {defaults.replay_checkpoint_every_s:g}{own})",
+    )
+    d4pg.add_argument(
+        "--max-restarts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="restart budget of each node: more than N failures within --restart-window "
+        f"stop the run (default: {defaults.max_restarts}{own})",
+    )
+    d4pg.add_argument(
+        "--restart-window",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help=f"window of the restart budget (default: {defaults.restart_window_s / 60:g}{own})",
     )
     d4pg.add_argument(
         "--progress-every",
@@ -245,12 +277,19 @@ def _check_port_free(port: int) -> None:
         return
 
 
-def _resolve_d4pg(args, overrides: dict[str, str]):
-    """Validates everything a D4PG launch needs; writes nothing. Returns its pieces."""
+def _resolve_d4pg(raw_args, overrides: dict[str, str]):
+    """Validates everything a D4PG launch needs; writes nothing. Returns its pieces.
+
+    Flags not given take the run's stored values (`launch.run_settings`); `raw_args`
+    is left as parsed, so the resolution can be repeated under the run dir's lock.
+    """
     from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
-    from launch import d4pg_program  # pylint: disable=import-outside-toplevel
+    from launch import d4pg_program, run_settings  # pylint: disable=import-outside-toplevel
     from launch.run_dir import RunDir  # pylint: disable=import-outside-toplevel
 
+    args = argparse.Namespace(**vars(raw_args))
+    run_dir = RunDir(args.run_dir) if args.run_dir else None
+    given = run_settings.resolve(args, run_settings.read(run_dir) if run_dir else None)
     if args.actors < 1:
         raise LaunchError("--actors must be at least 1.")
     if args.steps < 1:
@@ -259,6 +298,14 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         raise LaunchError("--eval-episodes must be at least 1.")
     if not 0 <= args.replay_port <= 65535:
         raise LaunchError("--replay-port must be between 0 and 65535.")
+    if args.replay_checkpoint_every <= 0:
+        raise LaunchError("--replay-checkpoint-every must be a positive number of seconds.")
+    if args.max_restarts < 0:
+        raise LaunchError("--max-restarts must be 0 or more.")
+    if args.restart_window <= 0:
+        raise LaunchError("--restart-window must be a positive number of minutes.")
+    if args.checkpoint_every < 1:
+        raise LaunchError("--checkpoint-every must be at least 1.")
     if args.ray_address and args.backend != "ray":
         raise LaunchError("--ray-address only applies to --backend ray.")
     if args.backend == "ray":
@@ -270,7 +317,6 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
             loopback=args.ray_address is None and advertise_host_for(args.bind_host) is not None
         )
 
-    run_dir = RunDir(args.run_dir) if args.run_dir else None
     saved = run_dir.read_identity() if run_dir else None
 
     try:
@@ -321,31 +367,41 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         learner_replicas=args.learner_replicas,
         replay_port=args.replay_port,
         learner_checkpoint_every_steps=args.checkpoint_every,
+        replay_checkpoint_every_s=args.replay_checkpoint_every,
         eval_every_s=args.eval_every,
         eval_episodes=args.eval_episodes,
+        max_restarts=args.max_restarts,
+        restart_window_s=args.restart_window * 60.0,
     )
-    return settings, config, identity, run_dir, resuming
+    return settings, config, identity, run_dir, resuming, args, given
 
 
-def _launch_d4pg(args) -> int:
+def _launch_d4pg(raw_args) -> int:
     import shutil  # pylint: disable=import-outside-toplevel
 
-    from launch import d4pg_program, launcher  # pylint: disable=import-outside-toplevel
+    from launch import d4pg_program, launcher, run_settings  # pylint: disable=import-outside-toplevel
     from launch.metrics import Progress  # pylint: disable=import-outside-toplevel
 
-    settings, config, identity, run_dir, resuming = _resolve_d4pg(args, args.config_overrides)
-    program = d4pg_program.make_program(settings, config.to_dict())
+    settings, config, identity, run_dir, resuming, args, given = _resolve_d4pg(
+        raw_args, raw_args.config_overrides
+    )
     created = not os.path.exists(run_dir.root)
     run_dir.lock()
     try:
-        done = Progress(run_dir, "d4pg").totals["actor_steps"] if resuming else 0
-        if done >= args.steps:
-            print(
-                f"The run in {run_dir.root} already has {int(done):,} actor steps (budget "
-                f"{args.steps:,}); pass a larger --steps to train further."
-            )
-            return 0
         try:
+            # Again under the lock: another launcher may have written the run meanwhile.
+            raw_args.run_dir = run_dir.root
+            settings, config, identity, run_dir, resuming, args, given = _resolve_d4pg(
+                raw_args, raw_args.config_overrides
+            )
+            program = d4pg_program.make_program(settings, config.to_dict())
+            done = Progress(run_dir, "d4pg").totals["actor_steps"] if resuming else 0
+            if done >= args.steps:
+                print(
+                    f"The run in {run_dir.root} already has {int(done):,} actor steps (budget "
+                    f"{args.steps:,}); pass a larger --steps to train further."
+                )
+                return 0
             backend = launcher.make_backend(
                 args.backend,
                 run_dir,
@@ -359,12 +415,17 @@ def _launch_d4pg(args) -> int:
                 shutil.rmtree(run_dir.root, ignore_errors=True)
             raise
         run_dir.write_identity(identity)
+        run_settings.write(run_dir, args, given)
         print(
             f"{'Resuming' if resuming else 'Starting'} distributed D4PG on {settings.task}: "
             f"{settings.num_actors} actor(s), learner {settings.learner_replicas}, backend "
             f"{args.backend}, budget {args.steps:,} actor steps"
             + (f" ({int(done):,} done)" if done else "")
         )
+        if resuming and given:
+            print(
+                "Overriding the run's settings: " + ", ".join(f"{k}={v}" for k, v in given.items())
+            )
         print(
             f"Run directory: {run_dir.root}  (config: {run_dir.path('config.json')}; "
             f"logs: {run_dir.path('logs')}; TensorBoard: --logdir {run_dir.path('tensorboard')})",
@@ -379,6 +440,11 @@ def _launch_d4pg(args) -> int:
         )
     finally:
         run_dir.unlock()
+    return _report(outcome, run_dir)
+
+
+def _report(outcome, run_dir) -> int:
+    """Prints how the run ended; returns the exit status (see the module docstring)."""
     p = outcome.progress
     summary = (
         f"{int(p.totals['actor_steps']):,} actor steps, "
@@ -386,8 +452,22 @@ def _launch_d4pg(args) -> int:
     )
     if p.last_eval:
         summary += f", last eval return {p.last_eval['return']:.1f}"
+    unsaved = ""
+    if outcome.stop_failures:
+        unsaved = "\nNot stopped cleanly (its last state may not be saved):\n  " + "\n  ".join(
+            outcome.stop_failures
+        )
     if outcome.reason == "failed":
-        raise LaunchError(f"{outcome.message}\nState so far: {summary}.", exit_code=1)
+        raise LaunchError(
+            f"{outcome.message}\nState so far: {summary}.{unsaved}", exit_code=EXIT_NODE_FAILED
+        )
+    if unsaved:
+        raise LaunchError(
+            f"the run {outcome.reason}, but a node failed to stop cleanly or to save.{unsaved}\n"
+            f"State so far: {summary}. Relaunch with --run-dir {run_dir.root} to resume from "
+            "the last checkpoints.",
+            exit_code=EXIT_NODE_FAILED,
+        )
     verb = {"finished": "Finished", "interrupted": "Stopped"}.get(outcome.reason, "Ended")
     print(
         f"{verb}: {summary}.\n"
@@ -395,7 +475,7 @@ def _launch_d4pg(args) -> int:
         f"  plot:     {_PROG} plot --run-dir {run_dir.root}\n"
         f"  resume:   {_PROG} launch d4pg --run-dir {run_dir.root} --steps N"
     )
-    return 130 if outcome.reason == "interrupted" else 0
+    return EXIT_INTERRUPTED if outcome.reason == "interrupted" else 0
 
 
 def _evaluate(args) -> int:

@@ -1,8 +1,9 @@
 """The distributed D4PG program: one replay node, one learner, N actors, one evaluator.
 
     replay     Reverb server ("replay" + "params" tables); publishes its address;
-               checkpoints the tables periodically and on stop. Not restarted: a replay failure ends the run,
-               and relaunching with the same run dir resumes from its checkpoint.
+               checkpoints the tables every `replay_checkpoint_every_s` and on stop;
+               restarted on failure: it restores its last checkpoint and rebinds the
+               port it had, and its clients reconnect (docs/fault-tolerance.md).
     learner    `replication.make(learner_replicas)`; restores, updates, publishes
                weights every `publish_period` updates, checkpoints; restarted on failure
                (it resumes from its last checkpoint).
@@ -71,10 +72,13 @@ class D4PGProgramSettings:
       replay_port: Port of the replay server (0: any free port).
       learner_checkpoint_every_steps: Learner checkpoint period in updates...
       learner_checkpoint_every_s: ...or in seconds, whichever comes first.
-      replay_checkpoint_every_s: Replay checkpoint period.
+      replay_checkpoint_every_s: Replay checkpoint period: what a replay crash may lose
+        (see docs/fault-tolerance.md for its cost).
       eval_every_s: Seconds between evaluations (each of `eval_episodes` episodes).
       eval_episodes: Episodes per evaluation.
       report_every_s: Period of learner/replay metrics and TensorBoard summaries.
+      max_restarts: Restart budget of every node: more failures than this...
+      restart_window_s: ...within this many seconds stop the run.
     """
 
     task: str = "cartpole:swingup"
@@ -83,10 +87,12 @@ class D4PGProgramSettings:
     replay_port: int = 0
     learner_checkpoint_every_steps: int = 1000
     learner_checkpoint_every_s: float = 120.0
-    replay_checkpoint_every_s: float = 600.0
+    replay_checkpoint_every_s: float = 120.0
     eval_every_s: float = 20.0
     eval_episodes: int = 3
     report_every_s: float = 5.0
+    max_restarts: int = 10
+    restart_window_s: float = 600.0
 
 
 def replicas_of(spec: str) -> int | None:
@@ -113,6 +119,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
     """
     common = {"task": settings.task, "config": config}
     address = Ref("replay_address")
+    budget = {"max_restarts": settings.max_restarts, "restart_window": settings.restart_window_s}
     nodes = [
         Node(
             "replay",
@@ -125,9 +132,11 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
             },
             resources=Resources(cpus=0.5),
             restart=RestartPolicy(
-                restart=False,
-                fatal_hint="Relaunch the same command (same --run-dir) to resume from the "
-                "last replay and learner checkpoints.",
+                initial_backoff=1.0,
+                max_backoff=10.0,
+                fatal_hint="Relaunch with the same --run-dir to resume from the last replay "
+                "and learner checkpoints.",
+                **budget,
             ),
             stop_phase=2,
             stop_timeout=60.0,
@@ -144,7 +153,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 "report_every_s": settings.report_every_s,
             },
             resources=Resources(cpus=1.0),
-            restart=RestartPolicy(initial_backoff=2.0, max_backoff=60.0),
+            restart=RestartPolicy(initial_backoff=2.0, max_backoff=60.0, **budget),
             stop_phase=0,
             stop_timeout=30.0,
         ),
@@ -156,9 +165,10 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 f"{_NODES}:actor",
                 {**common, "replay_address": address, "index": i},
                 resources=Resources(cpus=1.0),
-                restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
+                restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0, **budget),
                 stop_phase=1,
                 stop_timeout=3.0,
+                stateless=True,
             )
         )
     nodes.append(
@@ -172,9 +182,10 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 "every_s": settings.eval_every_s,
             },
             resources=Resources(cpus=0.5),
-            restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
+            restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0, **budget),
             stop_phase=0,
             stop_timeout=3.0,
+            stateless=True,
         )
     )
     setup = None

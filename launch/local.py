@@ -3,8 +3,9 @@
 Each node runs ``python -m launch.node_main SPEC`` in its own session (process
 group), started with fork+exec by `subprocess`, so no process ever forks after
 TensorFlow has started. Output goes to ``RUN_DIR/logs/NODE.log``; metrics to
-``RUN_DIR/metrics/NODE.jsonl``. Children die with the launcher (PR_SET_PDEATHSIG),
-and `kill` signals the whole process group.
+``RUN_DIR/metrics/NODE.jsonl``. Children stop with the launcher (PR_SET_PDEATHSIG
+delivers SIGTERM, so they save; each exits by itself at its stop timeout), and
+`kill` signals the whole process group.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import tempfile
 import time
 from typing import Any
 
+from launch.errors import EXIT_NODE_STARTUP_ERROR
 from launch.program import Node
-from launch.run_dir import RunDir
+from launch.run_dir import RunDir, tail_lines
 from launch.supervisor import Exit
 
 
@@ -48,6 +50,8 @@ class LocalHandle:
             except ValueError:
                 name = f"signal {-code}"
             return Exit(False, f"killed by {name}")
+        if code == EXIT_NODE_STARTUP_ERROR:
+            return Exit(False, "a start-up error (exit code 3)", deterministic=True)
         return Exit(False, f"exit code {code}")
 
     def request_stop(self) -> None:
@@ -79,6 +83,9 @@ class LocalHandle:
 
     def log_hint(self) -> str:
         return f"Its output: {self._log_path}"
+
+    def log_tail(self, lines: int) -> str:
+        return tail_lines(self._log_path, lines)
 
 
 class LocalBackend:
@@ -121,6 +128,7 @@ class LocalBackend:
             "metrics_path": self._run_dir.metrics_path(node.name),
             "publish_path": publish_path,
             "parent_pid": os.getpid(),
+            "stop_timeout": node.stop_timeout,
         }
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)

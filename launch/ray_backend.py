@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from launch.context import FileSink, NodeContext
-from launch.errors import LaunchError
-from launch.program import Node, Program, load_entry_point
-from launch.run_dir import RunDir
+from launch.errors import LaunchError, is_deterministic
+from launch.program import Node, Program, check_arguments, load_entry_point
+from launch.run_dir import RunDir, tail_lines
 from launch.supervisor import Exit
 
 
@@ -110,7 +110,9 @@ class RayNode:
             publish_sink=self._publish,
         )
         ctx.log(f"running on {host} (pid {os.getpid()})")
-        load_entry_point(spec["entry_point"])(ctx, **spec["kwargs"])
+        fn = load_entry_point(spec["entry_point"])
+        check_arguments(fn, ctx, spec["kwargs"])
+        fn(ctx, **spec["kwargs"])
         return "ok"
 
     def stop(self) -> None:
@@ -165,7 +167,11 @@ class RayHandle:
         except self._ray.exceptions.RayTaskError as e:
             self._log_sink(str(e))
             cause = e.cause if getattr(e, "cause", None) is not None else e
-            exit_ = Exit(False, f"{type(cause).__name__}: {str(cause).splitlines()[-1][:200]}")
+            exit_ = Exit(
+                False,
+                f"{type(cause).__name__}: {str(cause).splitlines()[-1][:200]}",
+                deterministic=is_deterministic(cause),
+            )
         self._final_drain()
         self._exit = exit_
         return exit_
@@ -209,6 +215,9 @@ class RayHandle:
 
     def log_hint(self) -> str:
         return f"Its output: {self._log_path}"
+
+    def log_tail(self, lines: int) -> str:
+        return tail_lines(self._log_path, lines)
 
 
 class RayBackend:
