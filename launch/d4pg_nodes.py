@@ -121,7 +121,7 @@ def replay(
 
     last_checkpoint = time.monotonic()
     try:
-        while not ctx.wait(report_every_s):
+        while not ctx.wait(min(report_every_s, checkpoint_every_s)):
             ctx.gauge(replay_size=replay_lib.table_size(client))
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
                 checkpoint("replay checkpoint")
