@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from launch.errors import EXIT_NODE_STARTUP_ERROR
+from launch.node_main import returned_marker
 from launch.program import Node
 from launch.run_dir import RunDir, tail_lines
 from launch.supervisor import Exit
@@ -43,7 +44,9 @@ class LocalHandle:
         if code is None:
             return None
         if code == 0:
-            return Exit(True)
+            if os.path.exists(returned_marker(self._publish_path)):
+                return Exit(True)
+            return Exit(False, "exit status 0 without its body returning (native code exited)")
         if code < 0:
             try:
                 name = signal.Signals(-code).name

@@ -79,10 +79,18 @@ def _forward_signals(stop: threading.Event) -> None:
     def reader():
         while True:
             data = os.read(read_fd, 16)
-            if any(b in _STOP_SIGNALS for b in data):
-                stop.set()
+            for number in data:
+                if number in _STOP_SIGNALS and not stop.is_set():
+                    stop.set()
+                    name = signal.Signals(number).name
+                    os.write(2, f"[node] {name} received: stopping\n".encode())
 
     threading.Thread(target=reader, name="signal-reader", daemon=True).start()
+
+
+def returned_marker(publish_path: str) -> str:
+    """The file a node process writes once its body returned normally."""
+    return publish_path + ".returned"
 
 
 def _publish_to(path: str):
@@ -126,6 +134,11 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_NODE_STARTUP_ERROR if is_deterministic(e) else 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if code == 0:
+        # Tells the launcher the body really returned: a native library that calls
+        # exit(0) mid-run (seen with OpenBLAS when threads run out) must count as a crash.
+        with open(returned_marker(spec["publish_path"]), "w", encoding="utf-8") as f:
+            f.write("returned\n")
     # Skip interpreter teardown: library threads (gRPC, TF) can hang it for minutes.
     os._exit(code)
 

@@ -83,6 +83,7 @@ def wait_for_replay(ctx, address: str, timeout_s: float = 600.0, log_every_s: fl
                 f"most {timeout_s:.0f}s"
             )
         ctx.wait(1.0)
+    ctx.log(f"asked to stop while waiting for the replay at {address}")
     return False
 
 

@@ -43,7 +43,7 @@ def test_replay_killed_mid_run_comes_back_and_the_run_finishes(tmp_path):
     assert "Finished: " in out and "replay failed (killed by SIGKILL); restart #1" in out
     restored = c.restored_sizes(run_dir, offset)
     assert restored and saved[0] <= restored[0] <= saved[1], (saved, restored)
-    assert 0 < saved[0]
+    assert saved[0] > 0
     # The learner and the actor carried on by themselves: not restarted, still working.
     assert "start #1 of learner" not in s.log_text(run_dir, "learner")
     assert "start #1 of actor_0" not in s.log_text(run_dir, "actor_0")
