@@ -209,3 +209,36 @@ def test_each_record_counts_once_and_missing_rows_are_written_on_relaunch(tmp_pa
     assert len(_eval_rows(rd.root)) == 2
     ids = {f"{r['src']}:{r['seq']}" for r in map(json.loads, open(rd.metrics_path("evaluator")))}
     assert ids == {r["record_id"] for r in rows}
+
+
+# Launch settings stored with the run.
+
+
+def test_stored_settings_are_reused_and_given_flags_override_and_are_recorded(tmp_path):
+    import argparse
+
+    from launch import run_settings
+
+    rd = RunDir(str(tmp_path / "run"))
+    os.makedirs(rd.root)
+    nothing = {dest: None for dest in run_settings.stored_flag_defaults()}
+    first = argparse.Namespace(**{**nothing, "steps": 5000, "actors": 3, "eval_every": 7.0})
+    given = run_settings.resolve(first, run_settings.read(rd))
+    assert given == {"steps": 5000, "actors": 3, "eval_every": 7.0}
+    assert first.backend == "local" and first.eval_episodes == 3  # Defaults of a new run.
+    run_settings.write(rd, first, given)
+
+    # A relaunch with no flag: the run's own values, not the defaults.
+    again = argparse.Namespace(**nothing)
+    assert run_settings.resolve(again, run_settings.read(rd)) == {}
+    assert (again.steps, again.actors, again.eval_every) == (5000, 3, 7.0)
+    # A flag given on relaunch wins, and is stored for the next one.
+    third = argparse.Namespace(**{**nothing, "actors": 1})
+    given = run_settings.resolve(third, run_settings.read(rd))
+    run_settings.write(rd, third, given)
+    stored = run_settings.read(rd)
+    assert stored["settings"]["actors"] == 1 and stored["settings"]["steps"] == 5000
+    assert [h["given"] for h in stored["history"]] == [
+        {"steps": 5000, "actors": 3, "eval_every": 7.0},
+        {"actors": 1},
+    ]
