@@ -387,6 +387,8 @@ def _launch_d4pg(raw_args) -> int:
     )
     created = not os.path.exists(run_dir.root)
     run_dir.lock()
+    # Ours to remove on failure only if nobody else wrote into it before we locked it.
+    created = created and set(os.listdir(run_dir.root)) <= {".launch.lock"}
     try:
         try:
             # Again under the lock: another launcher may have written the run meanwhile.
