@@ -242,3 +242,21 @@ def test_stored_settings_are_reused_and_given_flags_override_and_are_recorded(tm
         {"steps": 5000, "actors": 3, "eval_every": 7.0},
         {"actors": 1},
     ]
+
+
+def test_compatibility_is_checked_again_under_the_lock(tmp_path, monkeypatch, capsys):
+    from launch import cli
+
+    run_dir = str(tmp_path / "run")
+    original = RunDir.lock
+
+    def lock_after_another_launcher(self):
+        # Another launcher created a run of another task between our check and our lock.
+        os.makedirs(self.root, exist_ok=True)
+        self.write_identity({"program": "d4pg", "task": "walker:walk", "config": {}})
+        original(self)
+
+    monkeypatch.setattr(RunDir, "lock", lock_after_another_launcher)
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--env", "cartpole:balance"]) == 2
+    assert "holds a different run" in capsys.readouterr().err
+    assert RunDir(run_dir).read_identity()["task"] == "walker:walk"  # Theirs, untouched.
