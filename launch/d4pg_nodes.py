@@ -69,7 +69,10 @@ def _environment(config, task: str, seed: int):
     import environments  # pylint: disable=import-outside-toplevel
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
 
-    env = builder.make_environment(config, task, seed=seed)
+    try:
+        env = builder.make_environment(config, task, seed=seed)
+    except environments.UnknownTaskError as e:
+        raise NodeStartupError(str(e)) from None  # Every restart would fail the same way.
     return env, environments.make_environment_spec(env)
 
 
