@@ -3,8 +3,8 @@
 One launch through the CLI (tiny D4PG, 1 actor). Kill i happens once the run has
 `(i + 1) / 6` of its budget and a seeded 10-20 s pause has passed, so every node of
 {replay, learner, actor_0, evaluator} is killed once before the budget is reached
-(the issue's 20-40 s period would need a run several times longer; the longer form
-is `benchmarks/launch_fault_recovery.py`). At the end: exit code 0; the learner never
+(the issue's random node every 20-40 s needs a run of several minutes: that form is
+`benchmarks/launch_chaos.py`). At the end: exit code 0; the learner never
 restored a step older than its last checkpoint; the replay restored what its last
 checkpoint held; no process is left; metrics.csv has every evaluation exactly once.
 """
