@@ -8,7 +8,7 @@ exit code 0, the budget reached, every restarted learner restored at least its l
 checkpoint, every restarted replay restored its last checkpoint's size, no process
 left, metrics.csv holding every evaluation exactly once.
 
-    python benchmarks/launch_chaos.py [--seed 1 --steps 20000]
+    python benchmarks/launch_chaos.py [--seed 1 --steps 80000]
 
 Writes benchmarks/results/launch_chaos.json (kills, checks, duration, load).
 """
@@ -50,7 +50,7 @@ def _checkpoint_step(run_dir: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--steps", type=int, default=80_000)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     run_dir = os.path.join(tempfile.mkdtemp(prefix="chaos-"), "run")

@@ -63,8 +63,8 @@ class MetricsTail:
     def read_in_time_order(self) -> Iterator[dict[str, Any]]:
         """All new records of all files, merged by time (each file is in time order)."""
         files = sorted(glob.glob(os.path.join(self._directory, "*.jsonl")))
-        per_file = [list(self._read_file(path)) for path in files]
-        return heapq.merge(*per_file, key=lambda r: r.get("t", 0.0))
+        # Lazy per file: only one parsed record per file is held at a time.
+        return heapq.merge(*map(self._read_file, files), key=lambda r: r.get("t", 0.0))
 
     def _read_file(self, path: str) -> Iterator[dict[str, Any]]:
         offset = self._offsets.get(path, 0)
