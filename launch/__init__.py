@@ -5,7 +5,7 @@ arguments, resources, restart policies); `launch.d4pg_program` builds the D4PG o
 """
 
 from launch.context import NodeContext
-from launch.errors import LaunchError
+from launch.errors import LaunchError, NodeStartupError
 from launch.program import NEVER_RESTART, Node, Program, Ref, Resources, RestartPolicy
 from launch.run_dir import RunDir, RunDirError
 from launch.supervisor import Outcome, Supervisor
@@ -15,6 +15,7 @@ __all__ = [
     "LaunchError",
     "Node",
     "NodeContext",
+    "NodeStartupError",
     "Outcome",
     "Program",
     "Ref",

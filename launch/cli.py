@@ -12,8 +12,9 @@
 TensorFlow's, XLA's and Reverb's C++ log lines go to log files, not the console;
 `replicator --verbose COMMAND` shows them.
 
-Usage errors print one line saying what to do and exit with status 2; nothing in an
-existing run directory is touched when a launch is refused.
+Exit status: 0 finished, 130 interrupted (every node saved), 1 a node failed (at run
+time, or to stop cleanly or to save: the message names it and its log), 2 a usage
+error (one line saying what to do; nothing in an existing run directory is touched).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from launch.errors import LaunchError
+from launch.errors import EXIT_INTERRUPTED, EXIT_NODE_FAILED, LaunchError
 
 _PROG = "replicator"
 # Modules that may register `replicator train NAME` (each has `register(subparsers)`).
@@ -47,6 +48,9 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     from launch.launcher import BACKENDS  # pylint: disable=import-outside-toplevel
 
     defaults = d4pg_program.D4PGProgramSettings()
+    # Flags a run remembers (launch.run_settings) default to None = "not given"; their
+    # help says the default of a new run.
+    own = ", or the run's own when resuming"
     parser = _Parser(prog=_PROG, description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument(
         "--verbose",
@@ -76,41 +80,43 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     d4pg.add_argument(
         "--actors",
         type=int,
-        default=defaults.num_actors,
-        help="number of actor nodes (default: %(default)s)",
+        default=None,
+        help=f"number of actor nodes (default: {defaults.num_actors}{own})",
     )
     d4pg.add_argument(
         "--envs-per-actor",
         type=int,
-        default=defaults.envs_per_actor,
-        help="environments each actor steps with one batched policy call (default: %(default)s)",
+        default=None,
+        help="environments each actor steps with one batched policy call "
+        f"(default: {defaults.envs_per_actor}{own})",
     )
     d4pg.add_argument(
         "--backend",
         choices=BACKENDS,
-        default="local",
-        help="where nodes run: local processes, Ray actors, or threads (default: %(default)s)",
+        default=None,
+        help=f"where nodes run: local processes, Ray actors, or threads (default: local{own})",
     )
     d4pg.add_argument(
         "--learner-replicas",
-        default=defaults.learner_replicas,
+        default=None,
         metavar="SPEC",
         help="replication spec of each learner worker: cpu, cpu:N, cpu:NxM (one worker "
-        "only), gpu (all GPUs the worker is given), gpu:N (default: %(default)s)",
+        "only), gpu (all GPUs the worker is given), gpu:N (default: "
+        f"{defaults.learner_replicas}{own})",
     )
     d4pg.add_argument(
         "--learner-workers",
         type=int,
-        default=1,
+        default=None,
         metavar="K",
         help="learner processes forming one synchronous multi-worker learner (each with "
         "--learner-replicas cpu or gpu[:N]; worker 0 publishes and checkpoints) "
-        "(default: %(default)s)",
+        f"(default: {defaults.learner_workers}{own})",
     )
     d4pg.add_argument(
         "--ray-resources",
         action="append",
-        default=[],
+        default=None,
         metavar="ROLE=NAME:AMOUNT[,...]",
         help="Ray custom resources a role's nodes ask for (backend ray; ROLE: replay, "
         "learner, actor, evaluator), e.g. learner=learner_host:1; repeatable",
@@ -118,8 +124,9 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     d4pg.add_argument(
         "--steps",
         type=int,
-        default=d4pg_program.QUICK_STEPS,
-        help="actor steps budget of the run, counted over relaunches (default: %(default)s)",
+        default=None,
+        help="actor steps budget of the run, counted over relaunches "
+        f"(default: {d4pg_program.QUICK_STEPS}{own})",
     )
     d4pg.add_argument(
         "--run-dir", default=None, help="run directory (default: runs/d4pg-TASK-TIMESTAMP)"
@@ -146,14 +153,17 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     )
     d4pg.add_argument(
         "--bind-host",
-        default="127.0.0.1",
+        default=None,
         help="address servers are advertised on; 0.0.0.0 advertises each server on "
         "the IP of the machine (Ray node) it runs on, as a multi-machine Ray cluster "
         "needs; with ray, a node's IP places the replay and learner there "
-        "(default: %(default)s)",
+        f"(default: 127.0.0.1{own})",
     )
     d4pg.add_argument(
-        "--replay-port", type=int, default=0, help="replay server port (default: any free port)"
+        "--replay-port",
+        type=int,
+        default=None,
+        help=f"replay server port (default: 0, any free port{own})",
     )
     d4pg.add_argument(
         "--eval-every-steps",
@@ -172,24 +182,48 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     d4pg.add_argument(
         "--keep-snapshots",
         type=int,
-        default=defaults.keep_snapshots,
+        default=None,
         metavar="N",
         help="policy snapshots (RUN/snapshots/step_N, written with each learner checkpoint) "
-        "to keep (default: %(default)s)",
+        f"to keep (default: {defaults.keep_snapshots}{own})",
     )
     d4pg.add_argument(
         "--eval-episodes",
         type=int,
-        default=defaults.eval_episodes,
-        help="episodes per evaluation (default: %(default)s)",
+        default=None,
+        help=f"episodes per evaluation (default: {defaults.eval_episodes}{own})",
     )
     d4pg.add_argument(
         "--checkpoint-every",
         type=int,
-        default=defaults.learner_checkpoint_every_steps,
+        default=None,
         metavar="STEPS",
         help="learner checkpoint period in updates; also every "
-        f"{defaults.learner_checkpoint_every_s:g}s (default: %(default)s)",
+        f"{defaults.learner_checkpoint_every_s:g}s "
+        f"(default: {defaults.learner_checkpoint_every_steps}{own})",
+    )
+    d4pg.add_argument(
+        "--replay-checkpoint-every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="replay checkpoint period: at most this much experience is lost when the "
+        f"replay node dies (default: {defaults.replay_checkpoint_every_s:g}{own})",
+    )
+    d4pg.add_argument(
+        "--max-restarts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="restart budget of each node: more than N failures within --restart-window "
+        f"stop the run (default: {defaults.max_restarts}{own})",
+    )
+    d4pg.add_argument(
+        "--restart-window",
+        type=float,
+        default=None,
+        metavar="MINUTES",
+        help=f"window of the restart budget (default: {defaults.restart_window_s / 60:g}{own})",
     )
     d4pg.add_argument(
         "--progress-every",
@@ -364,12 +398,26 @@ def _check_port_free(port: int) -> None:
         return
 
 
-def _resolve_d4pg(args, overrides: dict[str, str]):
-    """Validates everything a D4PG launch needs; writes nothing. Returns its pieces."""
+def _resolve_d4pg(raw_args, overrides: dict[str, str]):
+    """Validates everything a D4PG launch needs; writes nothing. Returns its pieces.
+
+    Flags not given take the run's stored values (`launch.run_settings`); `raw_args`
+    is left as parsed, so the resolution can be repeated under the run dir's lock.
+    """
     from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
-    from launch import d4pg_program  # pylint: disable=import-outside-toplevel
+    from launch import d4pg_program, run_settings  # pylint: disable=import-outside-toplevel
     from launch.run_dir import RunDir  # pylint: disable=import-outside-toplevel
 
+    args = argparse.Namespace(**vars(raw_args))
+    run_dir = RunDir(args.run_dir) if args.run_dir else None
+    given = run_settings.resolve(args, run_settings.read(run_dir) if run_dir else None)
+    if "eval_every" in given and "eval_every_steps" in given:
+        raise LaunchError("pass --eval-every-steps N or --eval-every SECONDS, not both.")
+    # One evaluation schedule: the one given now replaces the run's stored other one.
+    if "eval_every" in given:
+        args.eval_every_steps = None
+    elif "eval_every_steps" in given:
+        args.eval_every = None
     if args.actors < 1:
         raise LaunchError("--actors must be at least 1.")
     if args.envs_per_actor < 1:
@@ -378,8 +426,6 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         raise LaunchError("--steps must be at least 1.")
     if args.eval_episodes < 1:
         raise LaunchError("--eval-episodes must be at least 1.")
-    if args.eval_every is not None and args.eval_every_steps is not None:
-        raise LaunchError("pass --eval-every-steps N or --eval-every SECONDS, not both.")
     if args.eval_every_steps is not None and args.eval_every_steps < 1:
         raise LaunchError("--eval-every-steps must be at least 1.")
     if args.eval_every is not None and args.eval_every <= 0:
@@ -388,6 +434,14 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         raise LaunchError("--keep-snapshots must be at least 1.")
     if not 0 <= args.replay_port <= 65535:
         raise LaunchError("--replay-port must be between 0 and 65535.")
+    if args.replay_checkpoint_every <= 0:
+        raise LaunchError("--replay-checkpoint-every must be a positive number of seconds.")
+    if args.max_restarts < 0:
+        raise LaunchError("--max-restarts must be 0 or more.")
+    if args.restart_window <= 0:
+        raise LaunchError("--restart-window must be a positive number of minutes.")
+    if args.checkpoint_every < 1:
+        raise LaunchError("--checkpoint-every must be at least 1.")
     if args.ray_address and args.backend != "ray":
         raise LaunchError("--ray-address only applies to --backend ray.")
     if args.ray_resources and args.backend != "ray":
@@ -405,7 +459,6 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
             loopback=args.ray_address is None and advertise_host_for(args.bind_host) is not None
         )
 
-    run_dir = RunDir(args.run_dir) if args.run_dir else None
     saved = run_dir.read_identity() if run_dir else None
 
     try:
@@ -446,6 +499,7 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         learner_replicas=args.learner_replicas,
         replay_port=args.replay_port,
         learner_checkpoint_every_steps=args.checkpoint_every,
+        replay_checkpoint_every_s=args.replay_checkpoint_every,
         eval_every_s=args.eval_every or d4pg_program.D4PGProgramSettings.eval_every_s,
         eval_every_steps=None
         if args.eval_every is not None
@@ -455,8 +509,10 @@ def _resolve_d4pg(args, overrides: dict[str, str]):
         learner_workers=args.learner_workers,
         learner_gpus=learner_gpus,
         ray_resources=ray_resources,
+        max_restarts=args.max_restarts,
+        restart_window_s=args.restart_window * 60.0,
     )
-    return settings, config, identity, run_dir, resuming
+    return settings, config, identity, run_dir, resuming, args, given
 
 
 def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]]]:
@@ -496,7 +552,7 @@ def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]]]:
             f"replicas ({workers} worker(s) x {replicas} of {spec}); e.g. "
             f"--config.batch_size={max(total, config.batch_size // total * total)}."
         )
-    ray_resources = res.parse_ray_resources(args.ray_resources)
+    ray_resources = res.parse_ray_resources(args.ray_resources or [])
     from launch.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
     from launch.ray_cluster import pin_to_ip, pins_servers  # pylint: disable=import-outside-toplevel
 
@@ -507,25 +563,34 @@ def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]]]:
     return gpus, ray_resources
 
 
-def _launch_d4pg(args) -> int:
+def _launch_d4pg(raw_args) -> int:
     import shutil  # pylint: disable=import-outside-toplevel
 
-    from launch import d4pg_program, launcher, quiet  # pylint: disable=import-outside-toplevel
+    from launch import d4pg_program, launcher, quiet, run_settings  # pylint: disable=import-outside-toplevel
     from launch.metrics import Progress  # pylint: disable=import-outside-toplevel
 
-    settings, config, identity, run_dir, resuming = _resolve_d4pg(args, args.config_overrides)
-    program = d4pg_program.make_program(settings, config.to_dict())
+    settings, config, identity, run_dir, resuming, args, given = _resolve_d4pg(
+        raw_args, raw_args.config_overrides
+    )
     created = not os.path.exists(run_dir.root)
     run_dir.lock()
+    # Ours to remove on failure only if nobody else wrote into it before we locked it.
+    created = created and set(os.listdir(run_dir.root)) <= {".launch.lock"}
     try:
-        done = Progress(run_dir, "d4pg").totals["actor_steps"] if resuming else 0
-        if done >= args.steps:
-            print(
-                f"The run in {run_dir.root} already has {int(done):,} actor steps (budget "
-                f"{args.steps:,}); pass a larger --steps to train further."
-            )
-            return 0
         try:
+            # Again under the lock: another launcher may have written the run meanwhile.
+            raw_args.run_dir = run_dir.root
+            settings, config, identity, run_dir, resuming, args, given = _resolve_d4pg(
+                raw_args, raw_args.config_overrides
+            )
+            program = d4pg_program.make_program(settings, config.to_dict())
+            done = Progress(run_dir, "d4pg").totals["actor_steps"] if resuming else 0
+            if done >= args.steps:
+                print(
+                    f"The run in {run_dir.root} already has {int(done):,} actor steps (budget "
+                    f"{args.steps:,}); pass a larger --steps to train further."
+                )
+                return 0
             backend = launcher.make_backend(
                 args.backend,
                 run_dir,
@@ -540,6 +605,7 @@ def _launch_d4pg(args) -> int:
             raise
         run_dir.write_identity(identity)
         quiet.move_to(run_dir.path("logs", "launcher.log"))
+        run_settings.write(run_dir, args, given)
         print(
             f"{'Resuming' if resuming else 'Starting'} distributed D4PG on {settings.task}: "
             f"{settings.num_actors} actor(s), learner "
@@ -548,6 +614,10 @@ def _launch_d4pg(args) -> int:
             f"{args.backend}, budget {args.steps:,} actor steps"
             + (f" ({int(done):,} done)" if done else "")
         )
+        if resuming and given:
+            print(
+                "Overriding the run's settings: " + ", ".join(f"{k}={v}" for k, v in given.items())
+            )
         print(
             f"Run directory: {run_dir.root}  (config: {run_dir.path('config.json')}; "
             f"logs: {run_dir.path('logs')}; TensorBoard: --logdir {run_dir.path('tensorboard')})",
@@ -562,6 +632,11 @@ def _launch_d4pg(args) -> int:
         )
     finally:
         run_dir.unlock()
+    return _report(outcome, run_dir)
+
+
+def _report(outcome, run_dir) -> int:
+    """Prints how the run ended; returns the exit status (see the module docstring)."""
     p = outcome.progress
     summary = (
         f"{int(p.totals['actor_steps']):,} actor steps, "
@@ -569,8 +644,22 @@ def _launch_d4pg(args) -> int:
     )
     if p.last_eval:
         summary += f", last eval return {p.last_eval['return']:.1f}"
+    unsaved = ""
+    if outcome.stop_failures:
+        unsaved = "\nNot stopped cleanly (its last state may not be saved):\n  " + "\n  ".join(
+            outcome.stop_failures
+        )
     if outcome.reason == "failed":
-        raise LaunchError(f"{outcome.message}\nState so far: {summary}.", exit_code=1)
+        raise LaunchError(
+            f"{outcome.message}\nState so far: {summary}.{unsaved}", exit_code=EXIT_NODE_FAILED
+        )
+    if unsaved:
+        raise LaunchError(
+            f"the run {outcome.reason}, but a node failed to stop cleanly or to save.{unsaved}\n"
+            f"State so far: {summary}. Relaunch with --run-dir {run_dir.root} to resume from "
+            "the last checkpoints.",
+            exit_code=EXIT_NODE_FAILED,
+        )
     verb = {"finished": "Finished", "interrupted": "Stopped"}.get(outcome.reason, "Ended")
     print(
         f"{verb}: {summary}.\n"
@@ -579,7 +668,7 @@ def _launch_d4pg(args) -> int:
         f"  plot:     {_PROG} plot {run_dir.root}\n"
         f"  resume:   {_PROG} launch d4pg --run-dir {run_dir.root} --steps N"
     )
-    return 130 if outcome.reason == "interrupted" else 0
+    return EXIT_INTERRUPTED if outcome.reason == "interrupted" else 0
 
 
 def _evaluate(args) -> int:

@@ -7,11 +7,13 @@ Node bodies therefore run unchanged in a thread, a process or a Ray actor.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +51,10 @@ class NodeContext:
         self._metrics_sink = metrics_sink or (lambda line: None)
         self._log_sink = log_sink or (lambda line: print(line, file=sys.stderr, flush=True))
         self._publish_sink = publish_sink or (lambda key, value: None)
+        # Every record carries (src, seq): unique per context, increasing, so the launcher
+        # can drop a record it has seen already (once and only once across relaunches).
+        self._source = uuid.uuid4().hex[:12]
+        self._seq = itertools.count(1)
 
     # Stopping.
     def should_stop(self) -> bool:
@@ -69,7 +75,14 @@ class NodeContext:
         Counters are sent as *increments* (e.g. ``steps=1000`` since the last record)
         so totals survive node restarts: the launcher just adds them up.
         """
-        record = {"t": time.time(), "node": self.name, "kind": kind, **fields}
+        record = {
+            "t": time.time(),
+            "node": self.name,
+            "kind": kind,
+            "src": self._source,
+            "seq": next(self._seq),
+            **fields,
+        }
         self._metrics_sink(json.dumps(record, default=_jsonable))
 
     def count(self, **increments: float) -> None:
@@ -107,13 +120,25 @@ def _jsonable(value: Any) -> Any:
 
 
 class FileSink:
-    """Appends lines to a file, one write per line (safe for one writer at a time)."""
+    """Appends lines to a file, one write per line (safe for one writer at a time).
+
+    A previous writer killed mid-line leaves a torn last line; the first write of a new
+    sink ends it first, so the torn line stays a line of its own (which readers skip)
+    instead of swallowing the next record.
+    """
 
     def __init__(self, path: str):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self._path = path
         self._lock = threading.Lock()
+        self._checked = False
 
     def __call__(self, line: str) -> None:
-        with self._lock, open(self._path, "a", encoding="utf-8") as f:
-            f.write(line.rstrip("\n") + "\n")
+        with self._lock, open(self._path, "a+b") as f:
+            if not self._checked:
+                self._checked = True
+                if f.tell() > 0:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        f.write(b"\n")
+            f.write((line.rstrip("\n") + "\n").encode("utf-8"))

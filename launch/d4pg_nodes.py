@@ -5,6 +5,10 @@ the only address a node needs is the replay server's (transitions and weights bo
 travel through Reverb). TensorFlow, Reverb and dm-control are imported inside the
 bodies so that the launcher itself stays light.
 
+The replay may restart under its clients: it rebinds the port it had, and the
+learner, actors and evaluator wait for it and rebuild their Reverb pieces
+(`launch.replay_link`), without a restart of their own.
+
 Metrics each node reports (see `launch.metrics`):
   replay:    gauge replay_size; the bottleneck report (`launch.bottleneck`); TensorBoard
   learner:   gauge learner_steps; "learner" records with losses; TensorBoard scalars
@@ -14,25 +18,61 @@ Metrics each node reports (see `launch.metrics`):
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
 
+from launch.errors import NodeStartupError
+from launch.replay_link import reconnect_or_raise, replay_reachable, wait_for_replay
+
 REPLAY_ADDRESS = "replay_address"
 _CHECKPOINTS = "checkpoints"
+_ADDRESS_FILE = "replay_address.json"  # In checkpoints/: the port a restarted replay rebinds.
+RECONNECT_TIMEOUT_S = 600.0  # How long clients wait for a restarting replay before failing.
 
 
 def _config(config: dict[str, Any]):
     from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
 
-    return D4PGConfig.from_dict(config)
+    try:
+        return D4PGConfig.from_dict(config)
+    except (ValueError, TypeError, KeyError) as e:
+        raise NodeStartupError(f"bad D4PG config: {e}") from None
+
+
+def _previous_port(ctx) -> int | None:
+    """The port this replay had before it was restarted in the same launch (None: none)."""
+    if ctx.attempt == 0:
+        return None  # A new launch: the configured port (or any free one).
+    try:
+        with open(ctx.path(_CHECKPOINTS, _ADDRESS_FILE), encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return int(saved["port"]) if saved.get("host") == ctx.advertise_host else None
+
+
+def _start_server(ctx, cfg, spec, port: int | None, directory: str):
+    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+
+    previous = _previous_port(ctx)
+    if previous:
+        try:
+            return builder.make_replay_server(cfg, spec, port=previous, checkpoint_dir=directory)
+        except Exception as e:  # pylint: disable=broad-except
+            ctx.log(f"cannot rebind port {previous} ({e}); taking a new one (clients restart)")
+    return builder.make_replay_server(cfg, spec, port=port or None, checkpoint_dir=directory)
 
 
 def _environment(config, task: str, seed: int):
     import environments  # pylint: disable=import-outside-toplevel
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
 
-    env = builder.make_environment(config, task, seed=seed)
+    try:
+        env = builder.make_environment(config, task, seed=seed)
+    except environments.UnknownTaskError as e:
+        raise NodeStartupError(str(e)) from None  # Every restart would fail the same way.
     return env, environments.make_environment_spec(env)
 
 
@@ -42,7 +82,7 @@ def replay(
     task: str,
     config: dict,
     port: int | None = None,
-    checkpoint_every_s: float = 600.0,
+    checkpoint_every_s: float = 120.0,
     report_every_s: float = 5.0,
 ) -> None:
     """Serves the "replay" and "params" tables; checkpoints periodically and on stop.
@@ -51,22 +91,38 @@ def replay(
     """
     import reverb  # pylint: disable=import-outside-toplevel
 
-    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
-    from agents.d4pg import replay as replay_lib
+    from agents.d4pg import replay as replay_lib  # pylint: disable=import-outside-toplevel
     from launch import bottleneck  # pylint: disable=import-outside-toplevel
 
     cfg = _config(config)
     _, spec = _environment(cfg, task, seed=cfg.seed)
     directory = ctx.path(_CHECKPOINTS, "replay", "")
-    server = builder.make_replay_server(cfg, spec, port=port or None, checkpoint_dir=directory)
+    started = time.monotonic()
+    server = _start_server(ctx, cfg, spec, port, directory)
     client = reverb.Client(f"localhost:{server.port}")
     size = replay_lib.table_size(client)
     ctx.log(
         f"serving on port {server.port} (all interfaces: a Reverb 0.14 limitation); "
-        f"{size} transitions restored from {directory}"
+        f"{size} transitions restored from {directory} in {time.monotonic() - started:.1f}s"
     )
     ctx.gauge(replay_size=size)
+    address_file = ctx.path(_CHECKPOINTS, _ADDRESS_FILE)
+    with open(address_file + ".tmp", "w", encoding="utf-8") as f:
+        json.dump({"host": ctx.advertise_host, "port": server.port}, f)
+    os.replace(address_file + ".tmp", address_file)
     ctx.publish(REPLAY_ADDRESS, f"{ctx.advertise_host}:{server.port}")
+
+    def checkpoint(what: str) -> None:
+        # Inserts go on while Reverb writes, so the saved size lies between the two.
+        t0 = time.monotonic()
+        before = replay_lib.table_size(client)
+        path = client.checkpoint()
+        after = replay_lib.table_size(client)
+        seconds = time.monotonic() - t0
+        ctx.gauge(replay_size=after)
+        ctx.record("replay_checkpoint", size_before=before, size_after=after, seconds=seconds)
+        ctx.log(f"{what} ({before}..{after} transitions, {seconds:.2f}s): {path}")
+
     last_checkpoint = time.monotonic()
     # Which side waits on the rate limiter: the bottleneck report (launch.bottleneck).
     monitor = bottleneck.LimiterMonitor(
@@ -74,20 +130,16 @@ def replay(
     ).start()
     writer = bottleneck.SummaryWriter(ctx.path("tensorboard", "replay", ""))
     try:
-        while not ctx.wait(report_every_s):
+        while not ctx.wait(min(report_every_s, checkpoint_every_s)):
             report = monitor.report()
             ctx.gauge(replay_size=replay_lib.table_size(client), **report)
             writer.write(report)
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
-                path = client.checkpoint()
+                checkpoint("replay checkpoint")
                 last_checkpoint = time.monotonic()
-                ctx.log(f"replay checkpoint: {path}")
     finally:
         monitor.stop()
-        size = replay_lib.table_size(client)
-        path = client.checkpoint()
-        ctx.gauge(replay_size=size)
-        ctx.log(f"final replay checkpoint ({size} transitions): {path}")
+        checkpoint("final replay checkpoint")
         server.stop()
 
 
@@ -122,6 +174,7 @@ def learner(
 
     # First: logical CPUs and the multi-worker runtime must precede any TF op.
     repl = learner_group.make_replicator(replicas, group_addresses, worker_index)
+    import reverb  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
@@ -136,6 +189,9 @@ def learner(
     checkpoints = os.path.join(ctx.run_dir, _CHECKPOINTS, "learner", "")
     if is_chief:
         os.makedirs(checkpoints, exist_ok=True)
+    if not wait_for_replay(ctx, replay_address, RECONNECT_TIMEOUT_S):
+        return
+
     # A bounded wait for replay batches keeps the loop responsive to stop requests
     # while the rate limiter waits for actors. Workers of a group wait without bound:
     # one worker's timed-out sample would leave its peers inside an all-reduce.
@@ -172,12 +228,29 @@ def learner(
             ctx.run_dir, learner=agent, config=cfg, env_spec=spec, task=task, keep=keep_snapshots
         )
 
+    last_probe = time.monotonic()
     try:
         while not stop.should_stop(ctx.should_stop(), steps):
             try:
                 metrics = agent.step()
             except ReplayTimeoutError:
-                continue  # Waiting for actors (or for min_replay_size); check for a stop.
+                # Waiting for actors (or for min_replay_size)... or for a dead replay.
+                if time.monotonic() - last_probe >= 10.0:
+                    last_probe = time.monotonic()
+                    if not replay_reachable(replay_address) and _reconnect_learner(
+                        ctx,
+                        agent,
+                        replay_address,
+                        TimeoutError("replay unavailable"),
+                        reverb,
+                        publish=is_chief,
+                    ):
+                        continue
+                continue
+            except Exception as e:  # pylint: disable=broad-except
+                if _reconnect_learner(ctx, agent, replay_address, e, reverb, publish=is_chief):
+                    continue
+                raise
             steps = agent.num_steps
             now = time.monotonic()
             if now - last_report >= report_every_s:
@@ -212,6 +285,22 @@ def learner(
     ctx.log(f"final learner checkpoint at step {agent.num_steps}: {path}")
 
 
+def _reconnect_learner(
+    ctx, agent, address: str, error: BaseException, reverb, publish: bool = True
+) -> bool:
+    """After a replay outage: new dataset and client, weights republished at once.
+
+    Only a publishing learner (the chief of a group) gets a client and republishes.
+    """
+    if not reconnect_or_raise(ctx, address, error, RECONNECT_TIMEOUT_S):
+        return False
+    agent.reconnect(reverb.Client(address) if publish else None)
+    if publish:
+        agent.publish_variables()
+    ctx.log(f"reconnected to the replay at {address}; updates resume at step {agent.num_steps}")
+    return True
+
+
 def actor(
     ctx, *, task: str, config: dict, replay_address: str, index: int, envs_per_actor: int = 1
 ) -> None:
@@ -230,17 +319,27 @@ def actor(
     # Distinct streams per actor and per restart (a restart must not replay old episodes).
     seed = cfg.seed * 100_003 + 1000 * (index + 1) + ctx.attempt
     env, spec = _environment(cfg, task, seed=seed)
+    if not wait_for_replay(ctx, replay_address, RECONNECT_TIMEOUT_S):
+        return
     agent = builder.make_actor(cfg, spec, replay_address, seed=seed)
     loop = EnvironmentLoop(env, agent, label=ctx.name)
     version_key = f"weights_version_{ctx.name}"
     ctx.log(f"acting in {task} (seed {seed}); replay at {replay_address}")
+    reconnects = 0
     while not ctx.should_stop():
         try:
             result = loop.run_episode()
-        except Exception:  # pylint: disable=broad-except
+        except Exception as e:  # pylint: disable=broad-except
             if ctx.should_stop() or ctx.wait(1.0):
                 return  # The replay server went away during shutdown.
-            raise
+            if not reconnect_or_raise(ctx, replay_address, e, RECONNECT_TIMEOUT_S):
+                return
+            # A new client, writer and variable client; the cut episode is dropped.
+            reconnects += 1  # A fresh noise stream: the old one would repeat its episodes.
+            agent = builder.make_actor(cfg, spec, replay_address, seed=seed + 7919 * reconnects)
+            loop = EnvironmentLoop(env, agent, label=ctx.name)
+            ctx.log(f"reconnected to the replay at {replay_address}; acting again")
+            continue
         ctx.count(actor_steps=result["episode_length"], episodes=1)
         ctx.gauge(**{version_key: agent.weights_version})
         ctx.record(
@@ -270,17 +369,29 @@ def _batched_actor(
     seeds = [(seed + _ENV_SEED_STRIDE * j) % 2**31 for j in range(num_envs)]
     made = [_environment(cfg, task, seed=s) for s in seeds]
     envs, spec = [env for env, _ in made], made[0][1]
+    if not wait_for_replay(ctx, replay_address, RECONNECT_TIMEOUT_S):
+        return
     agent = builder.make_batched_actor(cfg, spec, replay_address, seed=seed, num_envs=num_envs)
     loop = BatchedEnvironmentLoop(envs, agent, label=ctx.name)
     version_key = f"weights_version_{ctx.name}"
     ctx.log(f"acting in {num_envs} x {task} (seeds {seeds}); replay at {replay_address}")
+    reconnects = 0
     while not ctx.should_stop():
         try:
             results = loop.run_until_episode()
-        except Exception:  # pylint: disable=broad-except
+        except Exception as e:  # pylint: disable=broad-except
             if ctx.should_stop() or ctx.wait(1.0):
                 return  # The replay server went away during shutdown.
-            raise
+            if not reconnect_or_raise(ctx, replay_address, e, RECONNECT_TIMEOUT_S):
+                return
+            # As in `actor`: new writers and a fresh noise stream; cut episodes are dropped.
+            reconnects += 1
+            agent = builder.make_batched_actor(
+                cfg, spec, replay_address, seed=seed + 7919 * reconnects, num_envs=num_envs
+            )
+            loop = BatchedEnvironmentLoop(envs, agent, label=ctx.name)
+            ctx.log(f"reconnected to the replay at {replay_address}; acting again")
+            continue
         for result in results:
             ctx.count(actor_steps=result["episode_length"], episodes=1)
             ctx.record(
@@ -322,6 +433,8 @@ def evaluator(
     cfg = _config(config)
     seed = cfg.seed * 100_003 + 7 + ctx.attempt
     env, spec = _environment(cfg, task, seed=seed)
+    if not wait_for_replay(ctx, replay_address, RECONNECT_TIMEOUT_S):
+        return
     agent = builder.make_evaluator(cfg, spec, replay_address, seed=seed)
     loop = EnvironmentLoop(env, agent, should_update=False, label=ctx.name)
     writer = tf.summary.create_file_writer(ctx.path("tensorboard", "evaluator", ""))
@@ -364,8 +477,14 @@ def evaluator(
                     tf.summary.scalar("eval/return", mean)
                     tf.summary.scalar("eval/return_std", std)
                 writer.flush()
-        except Exception:  # pylint: disable=broad-except
+        except Exception as e:  # pylint: disable=broad-except
             if ctx.should_stop() or ctx.wait(1.0):
                 return
-            raise
+            if not reconnect_or_raise(ctx, replay_address, e, RECONNECT_TIMEOUT_S):
+                return
+            agent = builder.make_evaluator(cfg, spec, replay_address, seed=seed)
+            loop = EnvironmentLoop(env, agent, should_update=False, label=ctx.name)
+            client = reverb.Client(replay_address)
+            ctx.log(f"reconnected to the replay at {replay_address}")
+            continue
         ctx.wait(every_s if not every_steps else 0.5)

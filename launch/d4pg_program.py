@@ -1,8 +1,9 @@
 """The distributed D4PG program: one replay node, one learner, N actors, one evaluator.
 
     replay     Reverb server ("replay" + "params" tables); publishes its address;
-               checkpoints the tables periodically and on stop. Not restarted: a replay failure ends the run,
-               and relaunching with the same run dir resumes from its checkpoint.
+               checkpoints the tables every `replay_checkpoint_every_s` and on stop;
+               restarted on failure: it restores its last checkpoint and rebinds the
+               port it had, and its clients reconnect (docs/fault-tolerance.md).
     learner    `replication.make(learner_replicas)`; restores, updates, publishes
                weights every `publish_period` updates, checkpoints; restarted on failure
                (it resumes from its last checkpoint).
@@ -78,7 +79,8 @@ class D4PGProgramSettings:
       replay_port: Port of the replay server (0: any free port).
       learner_checkpoint_every_steps: Learner checkpoint period in updates...
       learner_checkpoint_every_s: ...or in seconds, whichever comes first.
-      replay_checkpoint_every_s: Replay checkpoint period.
+      replay_checkpoint_every_s: Replay checkpoint period: what a replay crash may lose
+        (see docs/fault-tolerance.md for its cost).
       eval_every_s: Seconds between evaluations (each of `eval_episodes` episodes), used
         when `eval_every_steps` is None.
       eval_every_steps: Actor steps between evaluations (None: schedule by seconds).
@@ -90,6 +92,8 @@ class D4PGProgramSettings:
       ray_resources: Extra Ray custom resources per role ("replay", "learner",
         "actor", "evaluator"), e.g. ``{"learner": {"learner_host": 1}}`` (each
         learner worker asks for them); ignored by the local and threads backends.
+      max_restarts: Restart budget of every node: more failures than this...
+      restart_window_s: ...within this many seconds stop the run.
     """
 
     task: str = "cartpole:swingup"
@@ -99,7 +103,7 @@ class D4PGProgramSettings:
     replay_port: int = 0
     learner_checkpoint_every_steps: int = 1000
     learner_checkpoint_every_s: float = 120.0
-    replay_checkpoint_every_s: float = 600.0
+    replay_checkpoint_every_s: float = 120.0
     eval_every_s: float = 20.0
     eval_every_steps: int | None = None
     eval_episodes: int = 3
@@ -108,6 +112,8 @@ class D4PGProgramSettings:
     learner_workers: int = 1
     learner_gpus: float = 0.0
     ray_resources: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    max_restarts: int = 10
+    restart_window_s: float = 600.0
 
     def learner_names(self) -> list[str]:
         """Node names of the learner workers, the chief first."""
@@ -138,6 +144,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
     """
     common = {"task": settings.task, "config": config}
     address = Ref("replay_address")
+    budget = {"max_restarts": settings.max_restarts, "restart_window": settings.restart_window_s}
     custom = settings.ray_resources
     group = settings.learner_workers > 1
     learners = [
@@ -160,7 +167,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 custom=dict(custom.get("learner", {})),
                 spread=group,
             ),
-            restart=RestartPolicy(initial_backoff=2.0, max_backoff=60.0),
+            restart=RestartPolicy(initial_backoff=2.0, max_backoff=60.0, **budget),
             stop_phase=0,
             stop_timeout=30.0 if index == 0 else 15.0,
             group="learner" if group else "",
@@ -179,9 +186,11 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
             },
             resources=Resources(cpus=0.5, custom=dict(custom.get("replay", {}))),
             restart=RestartPolicy(
-                restart=False,
-                fatal_hint="Relaunch the same command (same --run-dir) to resume from the "
-                "last replay and learner checkpoints.",
+                initial_backoff=1.0,
+                max_backoff=10.0,
+                fatal_hint="Relaunch with the same --run-dir to resume from the last replay "
+                "and learner checkpoints.",
+                **budget,
             ),
             stop_phase=2,
             stop_timeout=60.0,
@@ -200,9 +209,10 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                     "envs_per_actor": settings.envs_per_actor,
                 },
                 resources=Resources(cpus=1.0, custom=dict(custom.get("actor", {})), spread=True),
-                restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
+                restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0, **budget),
                 stop_phase=1,
                 stop_timeout=3.0,
+                stateless=True,
             )
         )
     nodes.append(
@@ -217,9 +227,10 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 "every_steps": settings.eval_every_steps,
             },
             resources=Resources(cpus=0.5, custom=dict(custom.get("evaluator", {}))),
-            restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0),
+            restart=RestartPolicy(initial_backoff=1.0, max_backoff=30.0, **budget),
             stop_phase=0,
             stop_timeout=3.0,
+            stateless=True,
         )
     )
     setup = None

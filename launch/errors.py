@@ -1,4 +1,14 @@
-"""The one exception type the CLI turns into a message and an exit code (no traceback)."""
+"""The exceptions the launcher turns into messages and exit codes (no traceback)."""
+
+from __future__ import annotations
+
+# Exit status of `replicator` (documented in docs/fault-tolerance.md).
+EXIT_FINISHED = 0
+EXIT_NODE_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+# Exit status of a node process whose failure is deterministic (see `is_deterministic`).
+EXIT_NODE_STARTUP_ERROR = 3
 
 
 class LaunchError(Exception):
@@ -8,6 +18,24 @@ class LaunchError(Exception):
       exit_code: 2 for usage errors (bad flags, wrong run dir), 1 for failures at run time.
     """
 
-    def __init__(self, message: str, exit_code: int = 2):
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class NodeStartupError(Exception):
+    """A node cannot start with the arguments it was given (bad config, missing file).
+
+    Raised by node bodies before they do any work. Restarting would fail the same way,
+    so the supervisor ends the run on the first such failure.
+    """
+
+
+# Failures that a restart cannot cure: code that does not import, arguments that do not
+# match the entry point, configs that do not parse.
+_DETERMINISTIC = (ImportError, SyntaxError, NodeStartupError)
+
+
+def is_deterministic(error: BaseException) -> bool:
+    """True when `error` would recur on every restart (so restarting only wastes time)."""
+    return isinstance(error, _DETERMINISTIC)

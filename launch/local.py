@@ -3,8 +3,9 @@
 Each node runs ``python -m launch.node_main SPEC`` in its own session (process
 group), started with fork+exec by `subprocess`, so no process ever forks after
 TensorFlow has started. Output goes to ``RUN_DIR/logs/NODE.log``; metrics to
-``RUN_DIR/metrics/NODE.jsonl``. Children die with the launcher (PR_SET_PDEATHSIG),
-and `kill` signals the whole process group.
+``RUN_DIR/metrics/NODE.jsonl``. Children stop with the launcher (PR_SET_PDEATHSIG
+delivers SIGTERM, so they save; each exits by itself at its stop timeout), and
+`kill` signals the whole process group.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import tempfile
 import time
 from typing import Any
 
+from launch.errors import EXIT_NODE_STARTUP_ERROR
 from launch.learner_group import reserve_ports
+from launch.node_main import returned_marker
 from launch.program import GROUP_ADDRESSES, Node
 from launch.resources import GpuAllocator, local_gpu_ids
-from launch.run_dir import RunDir
+from launch.run_dir import RunDir, tail_lines
 from launch.supervisor import Exit
 
 
@@ -43,13 +46,17 @@ class LocalHandle:
         if code is None:
             return None
         if code == 0:
-            return Exit(True)
+            if os.path.exists(returned_marker(self._publish_path)):
+                return Exit(True)
+            return Exit(False, "exit status 0 without its body returning (native code exited)")
         if code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
             return Exit(False, f"killed by {name}")
+        if code == EXIT_NODE_STARTUP_ERROR:
+            return Exit(False, "a start-up error (exit code 3)", deterministic=True)
         return Exit(False, f"exit code {code}")
 
     def request_stop(self) -> None:
@@ -81,6 +88,9 @@ class LocalHandle:
 
     def log_hint(self) -> str:
         return f"Its output: {self._log_path}"
+
+    def log_tail(self, lines: int) -> str:
+        return tail_lines(self._log_path, lines)
 
 
 class LocalBackend:
@@ -146,6 +156,7 @@ class LocalBackend:
             "metrics_path": self._run_dir.metrics_path(node.name),
             "publish_path": publish_path,
             "parent_pid": os.getpid(),
+            "stop_timeout": node.stop_timeout,
         }
         env = self.node_env(node)
         with open(spec_path, "w", encoding="utf-8") as f:

@@ -9,6 +9,13 @@ and threads backends; through the launcher with Ray). Three record kinds matter 
 - ``eval``: an evaluation, ``{"return": mean, "return_std": std, "episodes": n}``;
   each one becomes a row of ``metrics.csv`` with the totals at that moment.
 
+Once and only once: every record carries ``src`` (one id per node process) and
+``seq`` (increasing), so a record seen twice is counted once; a torn line (a node
+killed mid-write) is skipped alone (`launch.context.FileSink` ends it on the next
+write). Each metrics.csv row carries its record's id (``record_id``), so a relaunch
+writes exactly the evaluations whose row is missing (e.g. one that arrived just
+before the launcher died), ordered by time with the totals of that moment.
+
 Files are read as text and parsed as JSON; nothing is unpickled.
 """
 
@@ -17,6 +24,7 @@ from __future__ import annotations
 import collections
 import csv
 import glob
+import heapq
 import json
 import os
 import time
@@ -43,6 +51,7 @@ CSV_COLUMNS = (
     "actors_blocked",
     "learner_blocked",
     "bottleneck",
+    "record_id",
 )
 _LEARNER_COLUMNS = ("critic_loss", "policy_loss", "q_mean")
 _GAUGE_COLUMNS = ("actors_blocked", "learner_blocked", "bottleneck")
@@ -58,24 +67,33 @@ class MetricsTail:
 
     def read(self) -> Iterator[dict[str, Any]]:
         for path in sorted(glob.glob(os.path.join(self._directory, "*.jsonl"))):
-            offset = self._offsets.get(path, 0)
+            yield from self._read_file(path)
+
+    def read_in_time_order(self) -> Iterator[dict[str, Any]]:
+        """All new records of all files, merged by time (each file is in time order)."""
+        files = sorted(glob.glob(os.path.join(self._directory, "*.jsonl")))
+        # Lazy per file: only one parsed record per file is held at a time.
+        return heapq.merge(*map(self._read_file, files), key=lambda r: r.get("t", 0.0))
+
+    def _read_file(self, path: str) -> Iterator[dict[str, Any]]:
+        offset = self._offsets.get(path, 0)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n")
+        if end < 0:
+            return  # Nothing complete yet (or a torn line the next writer will end).
+        self._offsets[path] = offset + end + 1
+        for line in data[:end].splitlines():
             try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:
-                continue
-            end = data.rfind(b"\n")
-            if end < 0:
-                continue
-            self._offsets[path] = offset + end + 1
-            for line in data[:end].splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # A torn line from a node killed mid-write.
-                if isinstance(record, dict):
-                    yield record
+                record = json.loads(line)
+            except ValueError:
+                continue  # A torn line from a node killed mid-write: skipped alone.
+            if isinstance(record, dict):
+                yield record
 
 
 class Progress:
@@ -100,9 +118,15 @@ class Progress:
         self._history: collections.deque = collections.deque(maxlen=120)
         self._last_saved = 0.0
         self._launcher_sink = FileSink(run_dir.metrics_path(LAUNCHER))
-        # Earlier launches of this run: rebuild the totals, but write no CSV rows for them.
-        for record in self._tail.read():
-            self._apply(record, write_csv=False)
+        self._last_seq: dict[str, int] = {}
+        self._csv_ids = _csv_record_ids(run_dir.csv_path)
+        self._replay_clock: tuple[float, float] | None = None  # (t, wall_time_s) while replaying.
+        # Earlier launches of this run: rebuild the totals in time order, and write the CSV
+        # rows that are missing (evaluations that arrived as the launcher died).
+        self._replay_clock = (0.0, 0.0)
+        for record in self._tail.read_in_time_order():
+            self._apply(record, write_csv=True)
+        self._replay_clock = None
         self._wall_offset = float(self.gauges.pop("wall_time_s", 0.0))
 
     @property
@@ -131,8 +155,13 @@ class Progress:
             )
 
     def _apply(self, record: dict[str, Any], write_csv: bool) -> None:
+        source, seq = record.get("src"), record.get("seq")
+        if isinstance(source, str) and isinstance(seq, int):
+            if seq <= self._last_seq.get(source, 0):
+                return  # Seen already (a record is counted once).
+            self._last_seq[source] = seq
         kind = record.get("kind")
-        fields = {k: v for k, v in record.items() if k not in ("t", "node", "kind")}
+        fields = {k: v for k, v in record.items() if k not in ("t", "node", "kind", "src", "seq")}
         if kind == "count":
             for k, v in fields.items():
                 if isinstance(v, (int, float)):
@@ -141,18 +170,30 @@ class Progress:
             self.gauges.update(fields)
         elif kind == "progress":
             self.gauges["wall_time_s"] = fields.get("wall_time_s", 0.0)
+            if self._replay_clock is not None:
+                self._replay_clock = (record.get("t", 0.0), float(fields.get("wall_time_s", 0.0)))
         elif kind == "learner":
             self.last_learner = fields
         elif kind == "eval":
             self.num_evals += 1
             self.last_eval = dict(fields, actor_steps=self.totals["actor_steps"])
-            if write_csv:
-                self._write_csv_row(record)
+            record_id = f"{source}:{seq}" if source is not None else ""
+            if write_csv and self._csv_ids is not None and record_id not in self._csv_ids:
+                if self._replay_clock is not None and not record_id:
+                    return  # An old record without an id: its row cannot be checked.
+                self._csv_ids.add(record_id)
+                self._write_csv_row(record, record_id)
 
-    def _write_csv_row(self, record: dict[str, Any]) -> None:
+    def _row_wall_time(self, record: dict[str, Any]) -> float:
+        if self._replay_clock is None:
+            return self.wall_time
+        t, wall = self._replay_clock  # The last launcher progress record before this one.
+        return wall + max(0.0, record.get("t", t) - t) if t else 0.0
+
+    def _write_csv_row(self, record: dict[str, Any], record_id: str) -> None:
         path = self._run_dir.csv_path
         values = {
-            "wall_time_s": round(self.wall_time, 2),
+            "wall_time_s": round(self._row_wall_time(record), 2),
             "unix_time": round(record.get("t", time.time()), 3),
             "actor_steps": int(self.totals["actor_steps"]),
             "learner_steps": int(self.gauges.get("learner_steps", 0)),
@@ -163,6 +204,7 @@ class Progress:
             "eval_learner_steps": record.get("learner_steps"),
             **{k: self.last_learner.get(k) for k in _LEARNER_COLUMNS},
             **{k: self.gauges.get(k) for k in _GAUGE_COLUMNS},
+            "record_id": record_id,
         }
         columns = CSV_COLUMNS
         if os.path.exists(path):  # A run started by an older version keeps its header.
@@ -222,5 +264,27 @@ def read_csv(path: str) -> list[dict[str, float]]:
 def _number(text: str | None) -> float | None:
     try:
         return float(text) if text not in ("", None) else None
-    except ValueError:
+    except (TypeError, ValueError):  # text cells (e.g. record ids) and stray fields
         return None
+
+
+def _csv_record_ids(path: str) -> set[str] | None:
+    """Record ids of the rows already in metrics.csv (None: a CSV without ids; no rows added).
+
+    A torn last row (the launcher killed mid-write) counts as missing; it is cut off so
+    the row written again starts on a line of its own.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return set()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        with open(path, "r+b") as f:
+            f.truncate(len(data))
+    lines = data.decode("utf-8", "replace").splitlines()
+    if not lines or "record_id" not in lines[0].split(","):
+        return None if lines else set()
+    rows = list(csv.DictReader(lines))
+    return {row["record_id"] for row in rows if row.get("record_id")}

@@ -1,9 +1,15 @@
 """Entry point of one node process of the local backend: ``python -m launch.node_main SPEC``.
 
-SPEC is a JSON file the launcher wrote (never a pickle). The process dies with
-its launcher: Linux's PR_SET_PDEATHSIG delivers SIGKILL if the launcher dies, even
-by ``kill -9``, and a watch thread covers other systems. SIGTERM/SIGINT ask the
-node body to return (``ctx.should_stop()``).
+SPEC is a JSON file the launcher wrote (never a pickle). SIGTERM, SIGINT and SIGHUP
+ask the node body to return (``ctx.should_stop()``), so it can save its state.
+
+The process ends with its launcher, and saves first: Linux's PR_SET_PDEATHSIG delivers
+SIGTERM when the launcher dies, even by ``kill -9``, and a watch thread (which also
+covers other systems) then gives the body the node's stop timeout to return before
+it ends the process itself, so no node outlives its launcher by more than that.
+
+Exit status: 0 the body returned, 1 it raised, 3 it raised an error a restart cannot
+cure (`launch.errors.is_deterministic`: import errors, bad arguments or config).
 """
 
 from __future__ import annotations
@@ -18,33 +24,47 @@ import time
 import traceback
 
 from launch.context import FileSink, NodeContext
-from launch.program import load_entry_point
+from launch.errors import EXIT_NODE_STARTUP_ERROR, is_deterministic
+from launch.program import check_arguments, load_entry_point
 
 _PR_SET_PDEATHSIG = 1
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Makes this process end when `parent_pid` (the launcher) ends."""
+def die_with_parent(parent_pid: int, stop: threading.Event, stop_timeout: float) -> None:
+    """Stops this node when `parent_pid` (the launcher) ends, and exits `stop_timeout` later.
+
+    The stop request lets the body save (a learner checkpoint, the replay tables); the
+    deadline guarantees that no node is left running without a launcher.
+    """
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         except (OSError, AttributeError):
             pass
     if os.getppid() != parent_pid:  # The launcher died before prctl took effect.
         os._exit(1)
 
     def watch():
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(1)
-            time.sleep(1.0)
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        print(
+            f"[node] the launcher (pid {parent_pid}) is gone: stopping, "
+            f"{stop_timeout:g}s to save and exit",
+            file=sys.stderr,
+            flush=True,
+        )
+        stop.set()
+        time.sleep(stop_timeout)
+        print("[node] still running at the stop deadline; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _forward_signals(stop: threading.Event) -> None:
-    """Sets `stop` as soon as SIGTERM/SIGINT arrive, even while the main thread is in C code.
+    """Sets `stop` as soon as SIGTERM/SIGINT/SIGHUP arrive, even while the main thread is in C code.
 
     Python runs signal handlers only when the main thread returns to the interpreter;
     the wakeup fd is written by the C-level handler immediately, so a thread reading
@@ -52,17 +72,25 @@ def _forward_signals(stop: threading.Event) -> None:
     """
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
-    for s in (signal.SIGTERM, signal.SIGINT):
+    for s in _STOP_SIGNALS:
         signal.signal(s, lambda *_: stop.set())
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
 
     def reader():
         while True:
             data = os.read(read_fd, 16)
-            if any(b in (signal.SIGTERM, signal.SIGINT) for b in data):
-                stop.set()
+            for number in data:
+                if number in _STOP_SIGNALS and not stop.is_set():
+                    stop.set()
+                    name = signal.Signals(number).name
+                    os.write(2, f"[node] {name} received: stopping\n".encode())
 
     threading.Thread(target=reader, name="signal-reader", daemon=True).start()
+
+
+def returned_marker(publish_path: str) -> str:
+    """The file a node process writes once its body returned normally."""
+    return publish_path + ".returned"
 
 
 def _publish_to(path: str):
@@ -84,9 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
-    die_with_parent(spec["parent_pid"])
     stop = threading.Event()
     _forward_signals(stop)
+    die_with_parent(spec["parent_pid"], stop, float(spec.get("stop_timeout", 10.0)))
     ctx = NodeContext(
         spec["name"],
         spec["run_dir"],
@@ -99,12 +127,18 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     try:
         fn = load_entry_point(spec["entry_point"])
+        check_arguments(fn, ctx, spec["kwargs"])
         fn(ctx, **spec["kwargs"])
-    except BaseException:  # pylint: disable=broad-except
+    except BaseException as e:  # pylint: disable=broad-except
         traceback.print_exc()
-        code = 1
+        code = EXIT_NODE_STARTUP_ERROR if is_deterministic(e) else 1
     sys.stdout.flush()
     sys.stderr.flush()
+    if code == 0:
+        # Tells the launcher the body really returned: a native library that calls
+        # exit(0) mid-run (seen with OpenBLAS when threads run out) must count as a crash.
+        with open(returned_marker(spec["publish_path"]), "w", encoding="utf-8") as f:
+            f.write("returned\n")
     # Skip interpreter teardown: library threads (gRPC, TF) can hang it for minutes.
     os._exit(code)
 

@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from launch.errors import NodeStartupError
 
 _REF_KEY = "$ref"
 # The keyword argument a backend adds to every member of a node group.
@@ -97,6 +100,13 @@ class RestartPolicy:
       healthy_after: Seconds of running after which a node counts as healthy and
         its backoff resets.
       fatal_hint: Appended to the message when a failure of this node stops the run.
+      max_restarts: The restart budget: a node that would be restarted more than this
+        many times within `restart_window` seconds stops the run instead (a node that
+        crashes after every restore, however long it ran, cannot restart forever).
+      restart_window: The budget's sliding window, in seconds.
+
+    Failures a restart cannot cure (`launch.errors.is_deterministic`: import errors,
+    bad arguments or config) stop the run at the first occurrence, whatever the policy.
     """
 
     restart: bool = True
@@ -105,6 +115,8 @@ class RestartPolicy:
     max_consecutive_failures: int = 10
     healthy_after: float = 60.0
     fatal_hint: str = ""
+    max_restarts: int = 10
+    restart_window: float = 600.0
 
     def backoff(self, consecutive_failures: int) -> float:
         """Seconds to wait before restart number `consecutive_failures` (1-based)."""
@@ -135,6 +147,9 @@ class Node:
         argument ``group_addresses`` (`GROUP_ADDRESSES`): one ``host:port`` per
         member, in program order, on a port the backend reserved on the host that
         member runs on.
+      stateless: The node keeps nothing worth saving (e.g. an actor), so being killed
+        at its stop deadline, or failing while it stops, loses nothing and does not
+        make the run's exit status a failure.
     """
 
     name: str
@@ -145,6 +160,7 @@ class Node:
     stop_phase: int = 0
     stop_timeout: float = 10.0
     group: str = ""
+    stateless: bool = False
 
     def __post_init__(self):
         if ":" not in self.entry_point:
@@ -180,6 +196,14 @@ def load_entry_point(entry_point: str) -> Callable[..., Any]:
     for part in attr.split("."):
         fn = getattr(fn, part)
     return fn
+
+
+def check_arguments(fn: Callable[..., Any], ctx: Any, kwargs: dict) -> None:
+    """Raises `NodeStartupError` when `kwargs` do not fit the entry point (a config bug)."""
+    try:
+        inspect.signature(fn).bind(ctx, **kwargs)
+    except TypeError as e:
+        raise NodeStartupError(f"bad arguments for {fn.__module__}.{fn.__name__}: {e}") from None
 
 
 @dataclasses.dataclass

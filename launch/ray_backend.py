@@ -29,11 +29,11 @@ from collections.abc import Callable
 from typing import Any
 
 from launch.context import FileSink, NodeContext
-from launch.errors import LaunchError
+from launch.errors import LaunchError, is_deterministic
 from launch.learner_group import reserve_ports
-from launch.program import GROUP_ADDRESSES, Node, Program, load_entry_point
+from launch.program import GROUP_ADDRESSES, Node, Program, check_arguments, load_entry_point
 from launch.ray_cluster import check_cluster, check_dependencies, code_runtime_env
-from launch.run_dir import RunDir
+from launch.run_dir import RunDir, tail_lines
 from launch.supervisor import Exit
 
 
@@ -133,7 +133,9 @@ class RayNode:
         )
         node_id = ray.get_runtime_context().get_node_id()
         ctx.log(f"running on {host} (Ray node {node_id}, pid {os.getpid()})")
-        load_entry_point(spec["entry_point"])(ctx, **spec["kwargs"])
+        fn = load_entry_point(spec["entry_point"])
+        check_arguments(fn, ctx, spec["kwargs"])
+        fn(ctx, **spec["kwargs"])
         return "ok"
 
     def stop(self) -> None:
@@ -188,7 +190,11 @@ class RayHandle:
         except self._ray.exceptions.RayTaskError as e:
             self._log_sink(str(e))
             cause = e.cause if getattr(e, "cause", None) is not None else e
-            exit_ = Exit(False, f"{type(cause).__name__}: {str(cause).splitlines()[-1][:200]}")
+            exit_ = Exit(
+                False,
+                f"{type(cause).__name__}: {str(cause).splitlines()[-1][:200]}",
+                deterministic=is_deterministic(cause),
+            )
         self._final_drain()
         self._exit = exit_
         return exit_
@@ -232,6 +238,9 @@ class RayHandle:
 
     def log_hint(self) -> str:
         return f"Its output: {self._log_path}"
+
+    def log_tail(self, lines: int) -> str:
+        return tail_lines(self._log_path, lines)
 
 
 class RayBackend:

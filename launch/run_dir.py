@@ -157,3 +157,16 @@ class RunDir:
                 json.dump(data, f, indent=2, sort_keys=True)
                 f.write("\n")
             os.replace(tmp, self.path(name))
+
+
+def tail_lines(path: str, lines: int = 20, max_bytes: int = 64 * 1024) -> str:
+    """The last `lines` lines of a text file (a node's log), or "" if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])

@@ -2,12 +2,20 @@
 
 The supervision logic is the same for every backend; a backend only knows how to
 start one node (`Backend.start`) and how to poll, stop and kill what it started
-(`NodeHandle`). Signals: the first SIGINT/SIGTERM asks every node to stop (by
+(`NodeHandle`). Signals: the first SIGINT/SIGTERM/SIGHUP asks every node to stop (by
 phase, so servers save last); a second one kills everything at once.
+
+Failure handling (see docs/fault-tolerance.md): a failed node restarts with backoff
+within its restart budget; a deterministic failure (import error, bad config) or an
+exhausted budget stops the run with the node's last log lines; a node that publishes
+a new value (e.g. a replay restarted on another machine) gets the nodes that use the
+value restarted with it; a stateful node that fails to stop cleanly is reported in
+`Outcome.stop_failures`, so the exit status can say so.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import signal
 import sys
@@ -18,13 +26,21 @@ from typing import Any, Protocol
 
 from launch.program import Node, Program, resolve_refs
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_TAIL_LINES = 15
+
 
 @dataclasses.dataclass(frozen=True)
 class Exit:
-    """How a node ended: `ok` for a clean return, else a short description."""
+    """How a node ended: `ok` for a clean return, else a short description.
+
+    `deterministic` marks a failure that a restart cannot cure (see
+    `launch.errors.is_deterministic`).
+    """
 
     ok: bool
     description: str = ""
+    deterministic: bool = False
 
 
 class NodeHandle(Protocol):
@@ -53,12 +69,16 @@ class Outcome:
       message: A human-readable explanation; for "failed", what to do next.
       restarts: Restarts per node during this run.
       progress: The launcher's aggregated metrics, when run through `launch.launcher`.
+      stop_failures: One line per stateful node that did not stop cleanly (failed while
+        stopping, e.g. its final save raised, or was killed at its stop deadline),
+        naming the node and its log. Empty when every state was saved.
     """
 
     reason: str
     message: str = ""
     restarts: dict[str, int] = dataclasses.field(default_factory=dict)
     progress: Any = None  # The launcher's aggregated metrics (`launch.metrics.Progress`).
+    stop_failures: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -71,6 +91,8 @@ class _State:
     consecutive_failures: int = 0
     restarts: int = 0
     done: bool = False
+    failure_times: collections.deque = dataclasses.field(default_factory=collections.deque)
+    restart_for: str = ""  # Published keys whose change made us stop this node.
 
 
 class Supervisor:
@@ -110,6 +132,7 @@ class Supervisor:
         self._force = threading.Event()
         self._fatal: str | None = None
         self._stop_reason = "interrupted"
+        self._stop_failures: list[str] = []
 
     # Control from other threads or signal handlers.
     def request_stop(self, reason: str = "interrupted") -> None:
@@ -138,9 +161,10 @@ class Supervisor:
             finally:
                 self._restore_signal_handlers(previous)
         restarts = self.restarts()
+        failures = list(self._stop_failures)
         if self._fatal is not None:
-            return Outcome("failed", self._fatal, restarts)
-        return Outcome(self._stop_reason, "", restarts)
+            return Outcome("failed", self._fatal, restarts, stop_failures=failures)
+        return Outcome(self._stop_reason, "", restarts, stop_failures=failures)
 
     # Internals.
     def _install_signal_handlers(self):
@@ -159,7 +183,7 @@ class Supervisor:
                 )
                 self.request_stop("interrupted")
 
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        previous = {s: signal.getsignal(s) for s in _STOP_SIGNALS}
         for s in previous:
             signal.signal(s, handler)
         return previous
@@ -193,9 +217,31 @@ class Supervisor:
             self._stop.wait(self._poll_interval)
 
     def _collect_published(self) -> None:
+        changed = set()
         for state in self._states.values():
             if state.handle is not None:
-                self._published.update(state.handle.published())
+                for key, value in state.handle.published().items():
+                    if key in self._published and self._published[key] != value:
+                        changed.add(key)
+                    self._published[key] = value
+        if changed:
+            self._restart_users_of(changed)
+
+    def _restart_users_of(self, keys: set[str]) -> None:
+        """Restarts running nodes whose arguments hold a value that was republished changed.
+
+        E.g. a replay restarted on another Ray machine publishes a new address: its
+        clients are stopped (so they save) and started again with the new address.
+        """
+        for state in self._states.values():
+            used = sorted(keys & set(state.node.refs()))
+            if state.handle is not None and used and not state.restart_for:
+                state.restart_for = ", ".join(used)
+                self._echo(
+                    f"[launch] {state.node.name}: {state.restart_for} changed; restarting it "
+                    "with the new value"
+                )
+                state.handle.request_stop()
 
     def _maybe_start(self, state: _State) -> None:
         if state.node.group:
@@ -226,33 +272,53 @@ class Supervisor:
             return
         state.handle.drain()
         self._published.update(state.handle.published())
+        if state.restart_for:
+            self._echo(f"[launch] {state.node.name}: restarting ({state.restart_for} changed)")
+            state.handle, state.restart_for = None, ""
+            state.restarts += 1
+            state.next_start = time.monotonic()
+            return
         if exit_.ok:
             self._echo(f"[launch] {state.node.name} finished")
             state.done, state.handle = True, None
             return
         hint = state.handle.log_hint()
+        tail = _log_tail(state.handle)
         state.handle = None
-        self._on_failure(state, exit_, hint)
+        self._on_failure(state, exit_, hint, tail)
 
-    def _on_failure(self, state: _State, exit_: Exit, hint: str) -> None:
+    def _on_failure(self, state: _State, exit_: Exit, hint: str, tail: str = "") -> None:
         name, policy = state.node.name, state.node.restart
+        now = time.monotonic()
         state.consecutive_failures += 1
-        if not policy.restart or state.consecutive_failures > policy.max_consecutive_failures:
+        state.failure_times.append(now)
+        while state.failure_times and now - state.failure_times[0] > policy.restart_window:
+            state.failure_times.popleft()
+        why = ""
+        if exit_.deterministic:
+            why = "the error would recur on every restart (fix it, then relaunch)"
+        elif not policy.restart:
+            why = "it is not restartable"
+        elif state.consecutive_failures > policy.max_consecutive_failures:
+            why = f"it failed {state.consecutive_failures} times in a row"
+        elif len(state.failure_times) > policy.max_restarts:
             why = (
-                "it is not restartable"
-                if not policy.restart
-                else f"it failed {state.consecutive_failures} times in a row"
+                f"it failed {len(state.failure_times)} times within "
+                f"{policy.restart_window / 60:g} min (restart budget: {policy.max_restarts})"
             )
+        if why:
             self._fatal = (
                 f"node {name!r} failed ({exit_.description}) and {why}; stopping the run. "
                 f"{hint} {policy.fatal_hint}"
             ).strip()
+            if tail:
+                self._fatal += f"\nLast lines of its log:\n{tail}"
             self._echo(f"[launch] {self._fatal}")
             self.request_stop("failed")
             return
         delay = policy.backoff(state.consecutive_failures)
         state.restarts += 1
-        state.next_start = time.monotonic() + delay
+        state.next_start = now + delay
         self._echo(
             f"[launch] {name} failed ({exit_.description}); restart #{state.restarts} "
             f"in {delay:.1f}s. {hint}"
@@ -324,9 +390,16 @@ class Supervisor:
             exit_ = state.handle.poll()
             if exit_ is not None:
                 state.handle.drain()
-                if not exit_.ok and not self._force.is_set():
-                    self._echo(f"[launch] {state.node.name} stopped ({exit_.description})")
+                if not exit_.ok:
+                    if not self._force.is_set():
+                        self._echo(f"[launch] {state.node.name} stopped ({exit_.description})")
+                    self._stop_failed(state, f"failed while stopping ({exit_.description})")
                 state.handle = None
+
+    def _stop_failed(self, state: _State, what: str) -> None:
+        """Records that a stateful node may not have saved (for the exit status)."""
+        if not state.node.stateless:
+            self._stop_failures.append(f"{state.node.name} {what}. {state.handle.log_hint()}")
 
     def _shutdown(self) -> None:
         """Stops the nodes phase by phase; a node still running after its timeout is killed.
@@ -354,8 +427,19 @@ class Supervisor:
                                 f"[launch] {state.node.name}: still running {timeout:g}s after the "
                                 "stop request (blocked in a call); killed"
                             )
+                            self._stop_failed(
+                                state, f"was killed {timeout:g}s after the stop request"
+                            )
+                        else:
+                            self._stop_failed(state, "was killed by a second stop signal")
                         state.handle.kill()
                         state.handle.drain()
                         state.handle = None
                 time.sleep(0.05)
         self._backend.close()
+
+
+def _log_tail(handle: NodeHandle) -> str:
+    """The node's last log lines, when its backend can tell (for fatal messages)."""
+    tail = getattr(handle, "log_tail", None)
+    return tail(_TAIL_LINES) if tail is not None else ""

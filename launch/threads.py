@@ -13,8 +13,9 @@ import traceback
 from typing import Any
 
 from launch.context import FileSink, NodeContext
-from launch.program import Node, Program, load_entry_point
-from launch.run_dir import RunDir
+from launch.errors import is_deterministic
+from launch.program import Node, Program, check_arguments, load_entry_point
+from launch.run_dir import RunDir, tail_lines
 from launch.supervisor import Exit
 
 
@@ -27,6 +28,7 @@ class ThreadHandle:
         self._lock = threading.Lock()
         self._published: dict[str, Any] = {}
         self._error: str | None = None
+        self._deterministic = False
         self._abandoned = False
         self._log_path = run_dir.log_path(node.name)
         log = FileSink(self._log_path)
@@ -52,17 +54,22 @@ class ThreadHandle:
 
     def _run(self, entry_point: str, kwargs: dict) -> None:
         try:
-            load_entry_point(entry_point)(self.ctx, **kwargs)
+            fn = load_entry_point(entry_point)
+            check_arguments(fn, self.ctx, kwargs)
+            fn(self.ctx, **kwargs)
         except BaseException as e:  # pylint: disable=broad-except
             self._log(traceback.format_exc())
             self._error = f"{type(e).__name__}: {e}"
+            self._deterministic = is_deterministic(e)
 
     def poll(self) -> Exit | None:
         if self._abandoned:
             return Exit(False, "abandoned (did not stop when asked)")
         if self._thread.is_alive():
             return None
-        return Exit(True) if self._error is None else Exit(False, self._error)
+        if self._error is None:
+            return Exit(True)
+        return Exit(False, self._error, deterministic=self._deterministic)
 
     def request_stop(self) -> None:
         self.ctx.request_stop()
@@ -80,6 +87,9 @@ class ThreadHandle:
 
     def log_hint(self) -> str:
         return f"Its output: {self._log_path}"
+
+    def log_tail(self, lines: int) -> str:
+        return tail_lines(self._log_path, lines)
 
 
 class ThreadsBackend:

@@ -399,6 +399,16 @@ class D4PGLearner(core.Learner):
         variables.publish(self._client, self.num_steps, weights)
         self._published_at = self.num_steps
 
+    def reconnect(self, replay_client: reverb.Client | None = None) -> None:
+        """Reopens the replay input (and the publishing client) after a replay restart.
+
+        A Reverb dataset iterator does not survive its server; the update function is
+        unchanged (the new iterator has the same element spec).
+        """
+        self._iterator = iter(self._repl.distribute(self._input_fn))
+        if replay_client is not None:
+            self._client = replay_client
+
     def optimizer_state(self) -> list[np.ndarray]:
         """All optimiser variables (moments and step counts) as numpy, for tests/inspection."""
         return [

@@ -34,6 +34,8 @@ class VariableClient:
       update_period: `update()` fetches on one call in this many; `update(wait=True)`
         always fetches.
       table: the params table name.
+      timeout_s: how long a fetch may wait for the server to answer before it raises
+        (`reverb.Client.sample` would wait for ever on a server that went away).
 
     Example:
       variables = VariableClient(reverb.Client(address), update_period=1000)
@@ -41,8 +43,15 @@ class VariableClient:
       weights, version = variables.weights, variables.version
     """
 
-    def __init__(self, client: reverb.Client, update_period: int = 1, table: str = PARAMS_TABLE):
+    def __init__(
+        self,
+        client: reverb.Client,
+        update_period: int = 1,
+        table: str = PARAMS_TABLE,
+        timeout_s: int = 5,
+    ):
         self._client = client
+        self._timeout = timeout_s
         self._period = max(1, int(update_period))
         self._table = table
         self._calls_since_attempt = 0
@@ -62,10 +71,10 @@ class VariableClient:
         if not due:
             return False
         self._calls_since_attempt = 0
-        if not wait and not self._available:
-            info = self._client.server_info()
-            if int(info[self._table].current_size) == 0:
-                return False
+        # Raises (DeadlineExceededError) instead of blocking when the server is gone.
+        info = self._client.server_info(timeout=self._timeout)
+        if not wait and not self._available and int(info[self._table].current_size) == 0:
+            return False
         sample = next(self._client.sample(self._table, num_samples=1, emit_timesteps=False))
         self._available = True
         # Items written with `insert` come back with a leading time dimension of 1.

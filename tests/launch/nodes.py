@@ -61,6 +61,56 @@ def failing(ctx):
     raise RuntimeError("this node always fails")
 
 
+def broken_import(ctx):
+    """Fails like a node whose code needs a module that is not installed."""
+    ctx.log("importing a module that does not exist")
+    import a_module_that_does_not_exist  # noqa: F401
+
+
+def crash_every_time(ctx, *, after=0.1):
+    ctx.log(f"attempt {ctx.attempt}: crashing in {after}s")
+    time.sleep(after)
+    raise RuntimeError(f"crash number {ctx.attempt + 1}")
+
+
+def fails_on_stop(ctx):
+    """Works until asked to stop, then fails to save (like a learner whose disk is full)."""
+    ctx.gauge(**{f"pid_{ctx.name}": os.getpid()})
+    while not ctx.wait(0.05):
+        pass
+    raise OSError(f"{ctx.name}: cannot write the final save")
+
+
+def moving_server(ctx):
+    """A server that takes a new port on every start (like a replay moved by Ray)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.settimeout(0.2)
+    ctx.gauge(**{f"pid_{ctx.name}": os.getpid()})
+    ctx.publish("server_address", f"{ctx.advertise_host}:{sock.getsockname()[1]}")
+    while not ctx.should_stop():
+        try:
+            conn, _ = sock.accept()
+        except TimeoutError:
+            continue
+        with conn:
+            conn.sendall(b"1\n")
+
+
+def address_user(ctx, *, address):
+    """Records the address it was started with; then polls the server (down: retries)."""
+    ctx.gauge(**{f"address_{ctx.name}": address})
+    host, port = address.rsplit(":", 1)
+    while not ctx.wait(0.05):
+        try:
+            with socket.create_connection((host, int(port)), timeout=5) as conn:
+                conn.recv(64)
+        except OSError:
+            continue
+        ctx.count(actor_steps=1)
+
+
 def demo_program(stubborn=False):
     nodes = [
         Node("server", "tests.launch.nodes:server", restart=NEVER_RESTART, stop_phase=1),

@@ -1,0 +1,147 @@
+"""Chaos run as the issue states it: kill -9 a random node every 20-40 s, seeded.
+
+One `replicator launch d4pg` (tiny D4PG, 1 actor, cartpole:balance) with a budget of
+`--steps` actor steps; while it runs, a seeded random node among replay, learner,
+actor_0 and evaluator is killed every uniform(20, 40) s, until 90% of the budget (a
+kill during the final stop is a failed save, which the exit status must report). At the end it checks what
+`tests/launch/test_d4pg_chaos.py` checks (the test is the short, every-node-once form):
+exit code 0, the budget reached, every restarted learner restored at least its last
+checkpoint, every restarted replay restored its last checkpoint's size, no process
+left, metrics.csv holding every evaluation exactly once.
+
+    python benchmarks/launch_chaos.py [--seed 1 --steps 80000]
+
+Writes benchmarks/results/launch_chaos.json (kills, checks, duration, load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import re
+import signal
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from agents_common import write_result  # noqa: E402
+
+from tests.launch import d4pg_cli_support as c  # noqa: E402
+from tests.launch import d4pg_support as s  # noqa: E402
+
+VICTIMS = ("replay", "learner", "actor_0", "evaluator")
+
+
+def _checkpoint_step(run_dir: str) -> int:
+    try:
+        with open(os.path.join(run_dir, "checkpoints", "learner", "checkpoint")) as f:
+            match = re.search(r'model_checkpoint_path: "ckpt-(\d+)"', f.read())
+    except FileNotFoundError:
+        return 0
+    return int(match.group(1)) if match else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=80_000)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    run_dir = os.path.join(tempfile.mkdtemp(prefix="chaos-"), "run")
+    started = time.monotonic()
+    proc = c.start_cli(run_dir, steps=args.steps, extra=["--replay-checkpoint-every", "5"])
+    kills, pids, loads = [], set(), []
+    try:
+        next_kill = time.monotonic() + rng.uniform(20, 40)
+        while proc.poll() is None:
+            time.sleep(0.2)
+            pids.update(c.all_node_pids(proc))
+            if time.monotonic() < next_kill:
+                continue
+            if c.actor_steps(run_dir) >= 0.9 * args.steps:
+                # Near the budget the run may be stopping: a kill then is a fault during
+                # shutdown, which the exit status rightly reports as a failed save.
+                continue
+            victim = rng.choice(VICTIMS)
+            pid = c.node_pid(proc, victim)
+            if pid is None:  # Between a death and its restart: try again shortly.
+                continue
+            offset = len(s.log_text(run_dir, victim))
+            saved = c.checkpoint_lines(run_dir, 0, offset)
+            expected = saved[-1] if victim == "replay" and saved else _checkpoint_step(run_dir)
+            os.kill(pid, signal.SIGKILL)
+            loads.append(os.getloadavg()[0])
+            kills.append(
+                {
+                    "victim": victim,
+                    "at_s": time.monotonic() - started,
+                    "offset": offset,
+                    "expected": expected,
+                }
+            )
+            print(f"{kills[-1]['at_s']:.0f}s: kill -9 {victim}", flush=True)
+            next_kill = time.monotonic() + rng.uniform(20, 40)
+        code = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    duration = time.monotonic() - started
+    checks = {"exit_code_0": code == 0, "budget_reached": c.actor_steps(run_dir) >= args.steps}
+    problems = []
+    for kill in kills:
+        text = s.log_text(run_dir, kill["victim"])[kill["offset"] :]
+        if kill["victim"] == "learner":
+            match = re.search(r"restored at step (\d+)", text)
+            if not match or int(match.group(1)) < kill["expected"]:
+                problems.append(f"learner restored {match and match.group(1)} < {kill['expected']}")
+        if kill["victim"] == "replay" and kill["expected"]:
+            sizes = c.restored_sizes(run_dir, kill["offset"])
+            # A checkpoint may have completed between the log read and the kill: at least
+            # the last logged one is restored.
+            if not sizes or sizes[0] < kill["expected"][0]:
+                problems.append(f"replay restored {sizes[:1]} < {kill['expected']}")
+    checks["restores_not_behind_checkpoints"] = not problems
+    time.sleep(5)
+    checks["no_process_left"] = not any(c.alive(p) for p in pids)
+    evals = []
+    with open(os.path.join(run_dir, "metrics", "evaluator.jsonl")) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("kind") == "eval":
+                evals.append(f"{r['src']}:{r['seq']}")
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        rows = [r["record_id"] for r in csv.DictReader(f)]
+    checks["csv_every_eval_exactly_once"] = sorted(rows) == sorted(evals) and len(set(rows)) == len(
+        rows
+    )
+    print(json.dumps(checks), problems, flush=True)
+    write_result(
+        "launch_chaos",
+        {
+            "seed": args.seed,
+            "steps": args.steps,
+            "duration_s": duration,
+            "kills": [{k: v for k, v in kill.items() if k != "offset"} for kill in kills],
+            "checks": checks,
+            "problems": problems,
+            "all_passed": all(checks.values()),
+            "load_average_at_kills": loads,
+            "noisy": max(loads + [os.getloadavg()[0]]) > 2,
+            "run_dir": run_dir,
+            "command": "python benchmarks/launch_chaos.py " + " ".join(sys.argv[1:]),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""Distributed D4PG under faults, through the real `replicator` CLI (issue 9).
+
+Each test is one real launch of tiny D4PG (tests/launch/d4pg_support.py) on the local
+backend: replay killed with kill -9 mid-run, SIGHUP to the launcher then a relaunch
+with only --run-dir, kill -9 of the launcher, a learner whose final save fails.
+"""
+
+import os
+import re
+import shutil
+import signal
+import time
+
+import pytest
+
+from tests.launch import d4pg_cli_support as c
+from tests.launch import d4pg_support as s
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_replay_killed_mid_run_comes_back_and_the_run_finishes(tmp_path):
+    run_dir = str(tmp_path / "run")
+    budget = 4000
+    proc = c.start_cli(run_dir, steps=budget, extra=["--replay-checkpoint-every", "2"])
+    try:
+        s.wait_for(lambda: c.actor_steps(run_dir) >= 1000, 300, "1,000 actor steps")
+        # Kill -9 the replay right after a checkpoint, so we know what it must restore.
+        seen = len(c.checkpoint_lines(run_dir))
+        s.wait_for(lambda: len(c.checkpoint_lines(run_dir)) > seen, 60, "a replay checkpoint")
+        os.kill(c.node_pid(proc, "replay"), signal.SIGKILL)
+        offset = len(s.log_text(run_dir, "replay"))
+        saved = c.checkpoint_lines(run_dir, 0, offset)[-1]
+        learner_offset = len(s.log_text(run_dir, "learner"))
+        learner_steps = s.gauge(run_dir, "learner_steps")
+        episodes = len(s.records(run_dir, "actor_0", "episode"))
+        code = c.finish(proc, 400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = c.cli_output(run_dir)
+    assert code == 0, out
+    assert "Finished: " in out and "replay failed (killed by SIGKILL); restart #1" in out
+    restored = c.restored_sizes(run_dir, offset)
+    assert restored and saved[0] <= restored[0] <= saved[1], (saved, restored)
+    assert saved[0] > 0
+    # The learner and the actor carried on by themselves: not restarted, still working.
+    assert "start #1 of learner" not in s.log_text(run_dir, "learner")
+    assert "start #1 of actor_0" not in s.log_text(run_dir, "actor_0")
+    assert "reconnected to the replay" in s.log_text(run_dir, "learner")[learner_offset:]
+    assert s.gauge(run_dir, "learner_steps") > learner_steps
+    assert len(s.records(run_dir, "actor_0", "episode")) > episodes
+    assert c.actor_steps(run_dir) >= budget
+
+
+def test_sighup_saves_everything_then_a_relaunch_with_only_run_dir_ends_at_the_budget(tmp_path):
+    run_dir = str(tmp_path / "run")
+    budget = 3000
+    proc = c.start_cli(run_dir, steps=budget)
+    try:
+        s.wait_for(lambda: c.actor_steps(run_dir) >= 0.4 * budget, 300, "40% of the budget")
+        pids = c.all_node_pids(proc)
+        offsets = {n: len(s.log_text(run_dir, n)) for n in ("learner", "replay")}
+        proc.send_signal(signal.SIGHUP)  # A closed terminal.
+        code = c.finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = c.cli_output(run_dir)
+    assert code == 130, out
+    assert "SIGHUP: stopping every node" in out and "Stopped: " in out
+    assert "final learner checkpoint" in s.log_text(run_dir, "learner")[offsets["learner"] :]
+    assert "final replay checkpoint" in s.log_text(run_dir, "replay")[offsets["replay"] :]
+    assert pids and not any(c.alive(p) for p in pids)
+    stopped_at = c.actor_steps(run_dir)
+    assert stopped_at < budget
+
+    # Only --run-dir: the stored budget, actor count and evaluation settings are reused.
+    proc = c.start_cli(run_dir)
+    try:
+        code = c.finish(proc, 400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = c.cli_output(run_dir)
+    assert code == 0, out
+    assert f"budget {budget:,} actor steps ({stopped_at:,} done)" in out
+    assert "1 actor(s)" in out.split("Resuming")[-1]
+    final = c.actor_steps(run_dir)
+    assert budget <= final < budget + 2000, final  # Not the default 100,000-step budget.
+
+
+def test_kill_9_of_the_launcher_leaves_final_checkpoints_and_no_orphan(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = c.start_cli(run_dir, steps=100_000)
+    try:
+        s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 20, 300, "learner steps")
+        pids = c.all_node_pids(proc)
+        offsets = {n: len(s.log_text(run_dir, n)) for n in ("learner", "replay")}
+        killed_at = time.time()
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Each node gets SIGTERM from the parent-death signal, saves, and exits by its deadline.
+    s.wait_for(lambda: not any(c.alive(p) for p in pids), 90, "every node to exit")
+    learner = s.log_text(run_dir, "learner")[offsets["learner"] :]
+    replay = s.log_text(run_dir, "replay")[offsets["replay"] :]
+    assert "final learner checkpoint" in learner, learner
+    assert "final replay checkpoint" in replay, replay
+    index = os.path.join(run_dir, "checkpoints", "learner", "checkpoint")
+    assert os.path.getmtime(index) >= killed_at
+    replay_dirs = [
+        os.path.join(run_dir, "checkpoints", "replay", d)
+        for d in os.listdir(os.path.join(run_dir, "checkpoints", "replay"))
+    ]
+    assert max(os.path.getmtime(d) for d in replay_dirs) >= killed_at
+
+
+def test_a_learner_whose_final_save_fails_makes_the_exit_status_say_so(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = c.start_cli(run_dir, steps=100_000, extra=["--checkpoint-every", "1000000"])
+    try:
+        s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 20, 300, "learner steps")
+        # The disk "breaks": the checkpoint directory becomes a file, so the save raises.
+        directory = os.path.join(run_dir, "checkpoints", "learner")
+        shutil.rmtree(directory)
+        with open(directory, "w") as f:
+            f.write("not a directory\n")
+        proc.send_signal(signal.SIGINT)
+        code = c.finish(proc, 120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = c.cli_output(run_dir)
+    assert code == 1, out
+    assert "failed to stop cleanly or to save" in out
+    assert re.search(
+        r"learner failed while stopping \(exit code 1\)\. Its output: \S+/logs/learner\.log", out
+    )
+    assert "replay" not in out.split("Not stopped cleanly")[-1].split("State so far")[0]

@@ -1,0 +1,262 @@
+"""Fault handling of the supervisor and metrics, on real processes (no TF; seconds each).
+
+Crash loops and deterministic start-up errors, stop failures in the exit status, a
+republished address restarting its users, launcher death (kill -9, SIGHUP) with
+saves, and metrics that count every record once across crashes and relaunches.
+"""
+
+import csv
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from launch.context import FileSink, NodeContext
+from launch.metrics import Progress
+from launch.program import Node, Program, Ref, RestartPolicy
+from launch.run_dir import RunDir
+from tests.launch.test_supervision import (
+    _alive,
+    _gauges,
+    _launcher_process,
+    _node_pids,
+    _run_in_thread,
+    _wait_for,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_import_error_at_start_up_stops_after_the_first_failure(tmp_path):
+    run_dir = str(tmp_path / "run")
+    program = Program(
+        "p",
+        [
+            Node(
+                "broken", "tests.launch.nodes:broken_import", restart=RestartPolicy(max_restarts=50)
+            ),
+            Node("counter", "tests.launch.nodes:counter"),
+        ],
+    )
+    t0 = time.monotonic()
+    t, result, _ = _run_in_thread(program, run_dir)
+    t.join(60)
+    outcome = result["outcome"]
+    assert outcome.reason == "failed"
+    assert outcome.restarts["broken"] == 0  # Not restarted: it would fail the same way.
+    assert "would recur on every restart" in outcome.message
+    assert "No module named 'a_module_that_does_not_exist'" in outcome.message  # Its log tail.
+    assert os.path.join(run_dir, "logs", "broken.log") in outcome.message
+    assert time.monotonic() - t0 < 30
+    assert not psutil.Process().children(recursive=True)
+
+
+def test_bad_node_arguments_are_a_start_up_error(tmp_path):
+    program = Program("p", [Node("bad", "tests.launch.nodes:counter", {"no_such_arg": 1})])
+    t, result, _ = _run_in_thread(program, str(tmp_path / "run"), backend="threads")
+    t.join(60)
+    assert result["outcome"].reason == "failed"
+    assert result["outcome"].restarts["bad"] == 0
+    assert "no_such_arg" in result["outcome"].message
+
+
+def test_restart_budget_stops_a_crash_loop_with_the_last_log_lines(tmp_path):
+    run_dir = str(tmp_path / "run")
+    policy = RestartPolicy(
+        initial_backoff=0.1,
+        max_backoff=0.2,
+        healthy_after=0.05,  # Every crash comes after a "healthy" start: only the budget stops it.
+        max_restarts=3,
+        restart_window=60.0,
+    )
+    program = Program("p", [Node("loop", "tests.launch.nodes:crash_every_time", restart=policy)])
+    t, result, _ = _run_in_thread(program, run_dir)
+    t.join(60)
+    outcome = result["outcome"]
+    assert outcome.reason == "failed"
+    assert outcome.restarts["loop"] == 3
+    assert "failed 4 times within 1 min (restart budget: 3)" in outcome.message
+    assert "RuntimeError: crash number 4" in outcome.message  # From the log tail.
+
+
+def test_a_stateful_node_that_fails_to_save_is_reported(tmp_path):
+    run_dir = str(tmp_path / "run")
+    program = Program(
+        "p",
+        [
+            Node("saver", "tests.launch.nodes:fails_on_stop"),
+            Node("helper", "tests.launch.nodes:fails_on_stop", stateless=True),
+        ],
+    )
+    t, result, sup = _run_in_thread(program, run_dir)
+    _wait_for(
+        lambda: "pid_saver" in _gauges(run_dir) and "pid_helper" in _gauges(run_dir), 30, "nodes"
+    )
+    sup.request_stop()
+    t.join(30)
+    failures = result["outcome"].stop_failures
+    assert len(failures) == 1, failures  # The stateless helper loses nothing.
+    assert failures[0].startswith("saver failed while stopping (exit code 1)")
+    assert os.path.join(run_dir, "logs", "saver.log") in failures[0]
+
+
+def test_a_republished_address_restarts_its_users(tmp_path):
+    run_dir = str(tmp_path / "run")
+    program = Program(
+        "p",
+        [
+            Node(
+                "server",
+                "tests.launch.nodes:moving_server",
+                restart=RestartPolicy(initial_backoff=0.1),
+            ),
+            Node("user", "tests.launch.nodes:address_user", {"address": Ref("server_address")}),
+        ],
+    )
+    t, result, sup = _run_in_thread(program, run_dir)
+    first = _wait_for(lambda: _gauges(run_dir).get("address_user"), 30, "the user")
+    os.kill(_gauges(run_dir)["pid_server"], signal.SIGKILL)
+    second = _wait_for(
+        lambda: (
+            _gauges(run_dir).get("address_user") not in (None, first)
+            and _gauges(run_dir)["address_user"]
+        ),
+        30,
+        "the user restarted with the new address",
+    )
+    assert second == sup.published["server_address"]
+    sup.request_stop()
+    t.join(30)
+    assert result["outcome"].restarts == {"server": 1, "user": 1}
+    assert result["outcome"].stop_failures == []
+
+
+def _saved(run_dir):
+    return os.path.exists(os.path.join(run_dir, "server_stopped.txt"))
+
+
+def test_kill_9_of_the_launcher_lets_nodes_save_then_leaves_no_orphan(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = _launcher_process(run_dir)
+    pids = _wait_for(lambda: len(_node_pids(run_dir)) == 3 and _node_pids(run_dir), 60, "nodes")
+    proc.kill()
+    proc.wait()
+    # SIGTERM (not SIGKILL) through the parent-death signal: the server saves on its way out.
+    _wait_for(lambda: _saved(run_dir), 15, "the server's save after its launcher died")
+    _wait_for(lambda: not any(_alive(p) for p in pids), 15, "the nodes to exit")
+
+
+def test_sighup_stops_like_sigterm(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = _launcher_process(run_dir)
+    pids = _wait_for(lambda: len(_node_pids(run_dir)) == 3 and _node_pids(run_dir), 60, "nodes")
+    proc.send_signal(signal.SIGHUP)
+    out, _ = proc.communicate(timeout=30)
+    assert "SIGHUP: stopping every node" in out
+    assert "OUTCOME interrupted" in out
+    assert _saved(run_dir)
+    for pid in pids:
+        assert not _alive(pid)
+
+
+# Metrics: once and only once.
+
+
+def _eval_rows(run_dir):
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_torn_line_is_skipped_alone(tmp_path):
+    rd = RunDir(str(tmp_path / "run"))
+    path = rd.metrics_path("actor_0")
+    NodeContext("actor_0", rd.root, metrics_sink=FileSink(path)).count(actor_steps=100)
+    with open(path, "a") as f:
+        f.write('{"t": 1.0, "node": "actor_0", "kind": "count", "actor_st')  # Killed mid-write.
+    # The restarted node's first record must not be swallowed by the torn line.
+    NodeContext("actor_0", rd.root, metrics_sink=FileSink(path)).count(actor_steps=10)
+    assert Progress(rd, "p").totals["actor_steps"] == 110
+
+
+def test_each_record_counts_once_and_missing_rows_are_written_on_relaunch(tmp_path):
+    rd = RunDir(str(tmp_path / "run"))
+    ctx = NodeContext("evaluator", rd.root, metrics_sink=FileSink(rd.metrics_path("evaluator")))
+    actor = NodeContext("actor_0", rd.root, metrics_sink=FileSink(rd.metrics_path("actor_0")))
+    progress = Progress(rd, "p")
+    actor.count(actor_steps=1000)
+    ctx.record("eval", **{"return": 1.0, "return_std": 0.0, "episodes": 1, "learner_steps": 5})
+    progress.update()
+    assert len(_eval_rows(rd.root)) == 1
+    # An evaluation arrives, then the launcher dies before it reads it.
+    actor.count(actor_steps=1000)
+    ctx.record("eval", **{"return": 2.0, "return_std": 0.0, "episodes": 1, "learner_steps": 9})
+    # A record delivered twice (e.g. drained again after a crash) counts once.
+    with open(rd.metrics_path("actor_0")) as f:
+        last = f.read().splitlines()[-1]
+    with open(rd.metrics_path("actor_0"), "a") as f:
+        f.write(last + "\n")
+    relaunched = Progress(rd, "p")
+    assert relaunched.totals["actor_steps"] == 2000
+    rows = _eval_rows(rd.root)
+    assert [float(r["eval_return"]) for r in rows] == [1.0, 2.0]
+    assert rows[1]["actor_steps"] == "2000"  # The totals at the moment of that evaluation.
+    assert len({r["record_id"] for r in rows}) == 2
+    # A third launch adds nothing.
+    Progress(rd, "p")
+    assert len(_eval_rows(rd.root)) == 2
+    ids = {f"{r['src']}:{r['seq']}" for r in map(json.loads, open(rd.metrics_path("evaluator")))}
+    assert ids == {r["record_id"] for r in rows}
+
+
+# Launch settings stored with the run.
+
+
+def test_stored_settings_are_reused_and_given_flags_override_and_are_recorded(tmp_path):
+    import argparse
+
+    from launch import run_settings
+
+    rd = RunDir(str(tmp_path / "run"))
+    os.makedirs(rd.root)
+    nothing = {dest: None for dest in run_settings.stored_flag_defaults()}
+    first = argparse.Namespace(**{**nothing, "steps": 5000, "actors": 3, "eval_every": 7.0})
+    given = run_settings.resolve(first, run_settings.read(rd))
+    assert given == {"steps": 5000, "actors": 3, "eval_every": 7.0}
+    assert first.backend == "local" and first.eval_episodes == 3  # Defaults of a new run.
+    run_settings.write(rd, first, given)
+
+    # A relaunch with no flag: the run's own values, not the defaults.
+    again = argparse.Namespace(**nothing)
+    assert run_settings.resolve(again, run_settings.read(rd)) == {}
+    assert (again.steps, again.actors, again.eval_every) == (5000, 3, 7.0)
+    # A flag given on relaunch wins, and is stored for the next one.
+    third = argparse.Namespace(**{**nothing, "actors": 1})
+    given = run_settings.resolve(third, run_settings.read(rd))
+    run_settings.write(rd, third, given)
+    stored = run_settings.read(rd)
+    assert stored["settings"]["actors"] == 1 and stored["settings"]["steps"] == 5000
+    assert [h["given"] for h in stored["history"]] == [
+        {"steps": 5000, "actors": 3, "eval_every": 7.0},
+        {"actors": 1},
+    ]
+
+
+def test_compatibility_is_checked_again_under_the_lock(tmp_path, monkeypatch, capsys):
+    from launch import cli
+
+    run_dir = str(tmp_path / "run")
+    original = RunDir.lock
+
+    def lock_after_another_launcher(self):
+        # Another launcher created a run of another task between our check and our lock.
+        os.makedirs(self.root, exist_ok=True)
+        self.write_identity({"program": "d4pg", "task": "walker:walk", "config": {}})
+        original(self)
+
+    monkeypatch.setattr(RunDir, "lock", lock_after_another_launcher)
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--env", "cartpole:balance"]) == 2
+    assert "holds a different run" in capsys.readouterr().err
+    assert RunDir(run_dir).read_identity()["task"] == "walker:walk"  # Theirs, untouched.
