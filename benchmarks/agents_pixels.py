@@ -131,7 +131,8 @@ def profile(task: str, rounds: int = 3) -> dict:
         lambda ctx: tf.data.Dataset.from_tensors(data).repeat(),
     )
     learner.step()  # Trace and compile.
-    update = _best_time(learner.step, rounds, 5)
+    # One `step()` runs `updates_per_call` updates: report the time of one update.
+    update = _best_time(learner.step, rounds, 5) / config.updates_per_call
     return {
         "task": task,
         "agent_step_s": {

@@ -573,7 +573,9 @@ def _launch_d4pg(raw_args) -> int:
         raw_args, raw_args.config_overrides
     )
     created = not os.path.exists(run_dir.root)
-    run_dir.lock()
+    # The object holding the lock: `run_dir` is resolved again below, as a new object.
+    locked = run_dir
+    locked.lock()
     # Ours to remove on failure only if nobody else wrote into it before we locked it.
     created = created and set(os.listdir(run_dir.root)) <= {".launch.lock"}
     try:
@@ -600,8 +602,8 @@ def _launch_d4pg(raw_args) -> int:
             )
         except BaseException:
             if created:
-                run_dir.unlock()
-                shutil.rmtree(run_dir.root, ignore_errors=True)
+                locked.unlock()
+                shutil.rmtree(locked.root, ignore_errors=True)
             raise
         run_dir.write_identity(identity)
         quiet.move_to(run_dir.path("logs", "launcher.log"))
@@ -631,7 +633,7 @@ def _launch_d4pg(raw_args) -> int:
             stop_when=lambda p: p.totals["actor_steps"] >= args.steps,
         )
     finally:
-        run_dir.unlock()
+        locked.unlock()
     return _report(outcome, run_dir)
 
 

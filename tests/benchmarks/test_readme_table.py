@@ -27,11 +27,11 @@ def test_a_changed_result_changes_the_table(tmp_path):
     shutil.copytree(readme_table.RESULTS, results)
     path = results / "vision_sngan.json"
     data = json.loads(path.read_text())
-    assert "| 0.93 (global batch 64: 0.91) |" in readme_table.render(results)
+    assert "| 0.93 (global batch 64: 0.91); noisy |" in readme_table.render(results)
     data["ratio_cpu2_over_cpu_median"]["256"] = 0.54
     path.write_text(json.dumps(data))
     table = readme_table.render(results)
-    assert "| 0.54 (global batch 64: 0.91) |" in table
+    assert "| 0.54 (global batch 64: 0.91); noisy |" in table
     assert table != readme_table.current_block(readme_table.README.read_text(encoding="utf-8"))
 
 

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(600)
 
 def test_replay_killed_mid_run_comes_back_and_the_run_finishes(tmp_path):
     run_dir = str(tmp_path / "run")
-    budget = 4000
+    # Large enough that the run is still going after the kill (actors write ~1,000 steps/s).
+    budget = 12000
     proc = c.start_cli(run_dir, steps=budget, extra=["--replay-checkpoint-every", "2"])
     try:
         s.wait_for(lambda: c.actor_steps(run_dir) >= 1000, 300, "1,000 actor steps")
