@@ -26,7 +26,7 @@ def make(
     workers: Sequence[str] | None = None,
     task_index: int | None = None,
     cluster: Mapping[str, Sequence[str]] | None = None,
-    collective_timeout: float | None = 300.0,
+    collective_timeout: float | None = None,
 ) -> Replicator:
     """Builds a Replicator for `spec` (see `replication.deployments` for the forms).
 
@@ -39,7 +39,12 @@ def make(
       cluster: for "ps" without TF_CONFIG: {"chief": [...], "worker": [...],
         "ps": [...]}; this process is the chief (coordinator).
       collective_timeout: seconds after which a multi-worker collective that
-        cannot complete (a dead peer) fails instead of hanging.
+        cannot complete fails instead of waiting. None (the default): no timeout.
+        In TensorFlow 2.15 every collective with a timeout starts an OS thread that
+        sleeps for the whole timeout, so a long run with a timeout piles up thousands
+        of threads and aborts; a dead peer still surfaces through its failed gRPC
+        connection, and process supervision (`launch`) restarts the group. Set it for
+        short jobs that must never wait on a peer.
 
     Raises:
       DeploymentSpecError: unknown spec (the message lists the valid forms).
