@@ -88,7 +88,7 @@ def test_sighup_saves_everything_then_a_relaunch_with_only_run_dir_ends_at_the_b
     assert f"budget {budget:,} actor steps ({stopped_at:,} done)" in out
     assert "1 actor(s)" in out.split("Resuming")[-1]
     final = c.actor_steps(run_dir)
-    assert budget <= final < budget + 2000, final  # Not the default 100,000-step budget.
+    assert budget <= final < budget + 2000, final  # Not the default budget.
 
 
 def test_kill_9_of_the_launcher_leaves_final_checkpoints_and_no_orphan(tmp_path):
