@@ -37,20 +37,8 @@ sys.path.insert(0, ROOT)
 
 from launch import d4pg_program, launcher  # noqa: E402
 
-TASK = "cartpole:balance"
-TINY = {
-    "policy_layers": "16,16",
-    "critic_layers": "16,16",
-    "num_atoms": "11",
-    "batch_size": "16",
-    "min_replay_size": "100",
-    "samples_per_insert": "4",
-    "variable_update_period": "50",
-    "publish_period": "5",
-    "action_repeat": "5",
-    "prefetch_size": "1",
-    "max_in_flight_samples_per_worker": "32",
-}
+# The launch tests' tiny D4PG (one definition for tests and this benchmark).
+from tests.launch.d4pg_support import TASK, TINY  # noqa: E402
 
 
 def _records(run_dir: str, node: str) -> list[dict]:
