@@ -301,6 +301,16 @@ def _reconnect_learner(
     return True
 
 
+def _replay_back(ctx, address: str, error: BaseException) -> bool:
+    """After an error of a replay client (actor, evaluator): True once the replay answers
+    again (rebuild the Reverb pieces and go on), False if the node is stopping (the replay
+    went away during shutdown). Raises `error` if it is not a lost replay, and
+    `ReplayUnreachableError` if the replay stays away (`launch.replay_link`)."""
+    if ctx.should_stop() or ctx.wait(1.0):
+        return False
+    return reconnect_or_raise(ctx, address, error, RECONNECT_TIMEOUT_S)
+
+
 def actor(
     ctx, *, task: str, config: dict, replay_address: str, index: int, envs_per_actor: int = 1
 ) -> None:
@@ -330,9 +340,7 @@ def actor(
         try:
             result = loop.run_episode()
         except Exception as e:  # pylint: disable=broad-except
-            if ctx.should_stop() or ctx.wait(1.0):
-                return  # The replay server went away during shutdown.
-            if not reconnect_or_raise(ctx, replay_address, e, RECONNECT_TIMEOUT_S):
+            if not _replay_back(ctx, replay_address, e):
                 return
             # A new client, writer and variable client; the cut episode is dropped.
             reconnects += 1  # A fresh noise stream: the old one would repeat its episodes.
@@ -380,9 +388,7 @@ def _batched_actor(
         try:
             results = loop.run_until_episode()
         except Exception as e:  # pylint: disable=broad-except
-            if ctx.should_stop() or ctx.wait(1.0):
-                return  # The replay server went away during shutdown.
-            if not reconnect_or_raise(ctx, replay_address, e, RECONNECT_TIMEOUT_S):
+            if not _replay_back(ctx, replay_address, e):
                 return
             # As in `actor`: new writers and a fresh noise stream; cut episodes are dropped.
             reconnects += 1
@@ -478,9 +484,7 @@ def evaluator(
                     tf.summary.scalar("eval/return_std", std)
                 writer.flush()
         except Exception as e:  # pylint: disable=broad-except
-            if ctx.should_stop() or ctx.wait(1.0):
-                return
-            if not reconnect_or_raise(ctx, replay_address, e, RECONNECT_TIMEOUT_S):
+            if not _replay_back(ctx, replay_address, e):
                 return
             agent = builder.make_evaluator(cfg, spec, replay_address, seed=seed)
             loop = EnvironmentLoop(env, agent, should_update=False, label=ctx.name)
