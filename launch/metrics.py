@@ -51,6 +51,8 @@ CSV_COLUMNS = (
     "actors_blocked",
     "learner_blocked",
     "bottleneck",
+    # Learner steps minus the mean weights version the actors hold (see `weights_staleness`).
+    "actor_weights_staleness",
     "record_id",
 )
 _LEARNER_COLUMNS = ("critic_loss", "policy_loss", "q_mean")
@@ -121,6 +123,7 @@ class Progress:
         self._last_seq: dict[str, int] = {}
         self._csv_ids = _csv_record_ids(run_dir.csv_path)
         self._replay_clock: tuple[float, float] | None = None  # (t, wall_time_s) while replaying.
+        self._tensorboard: Any = None
         # Earlier launches of this run: rebuild the totals in time order, and write the CSV
         # rows that are missing (evaluations that arrived as the launcher died).
         self._replay_clock = (0.0, 0.0)
@@ -135,14 +138,19 @@ class Progress:
         return self._wall_offset + time.monotonic() - self._start
 
     def update(self) -> None:
-        """Reads new records; appends a CSV row per new evaluation."""
-        for record in self._tail.read():
+        """Reads new records; appends a CSV row per new evaluation.
+
+        Records are merged by time across nodes, so a row gets the totals and gauges of
+        the moment of its evaluation, not of whichever node's file was read first.
+        """
+        for record in self._tail.read_in_time_order():
             self._apply(record, write_csv=True)
         self._history.append(
             (time.monotonic(), self.totals["actor_steps"], self.gauges.get("learner_steps", 0))
         )
         if time.monotonic() - self._last_saved >= 5.0:
             self._last_saved = time.monotonic()
+            self._write_tensorboard()
             self._launcher_sink(
                 json.dumps(
                     {
@@ -153,6 +161,40 @@ class Progress:
                     }
                 )
             )
+
+    def weights_staleness(self) -> float | None:
+        """Learner steps minus the mean weights version of the actors, or None.
+
+        Actors gauge ``weights_version_<node>`` (the learner step of the weights they act
+        with, -1 before their first pull); the learner gauges ``learner_steps``. How far
+        behind the behaviour policy is tells whether `variable_update_period` or the
+        publish period lets actors run on old weights.
+        """
+        if "learner_steps" not in self.gauges:
+            return None
+        versions = [
+            float(v)
+            for k, v in self.gauges.items()
+            if k.startswith("weights_version_") and isinstance(v, (int, float)) and v >= 0
+        ]
+        if not versions:
+            return None
+        return float(self.gauges["learner_steps"]) - sum(versions) / len(versions)
+
+    def _write_tensorboard(self) -> None:
+        """Run-wide figures no single node knows, at step = actor steps (launcher process)."""
+        staleness = self.weights_staleness()
+        if staleness is None:
+            return
+        if self._tensorboard is None:
+            # TensorBoard's numpy-only writer: the launcher does not import TensorFlow.
+            from tensorboard.summary import Writer  # pylint: disable=import-outside-toplevel
+
+            self._tensorboard = Writer(self._run_dir.path("tensorboard", LAUNCHER))
+        self._tensorboard.add_scalar(
+            "actors/weights_staleness", staleness, int(self.totals["actor_steps"])
+        )
+        self._tensorboard.flush()
 
     def _apply(self, record: dict[str, Any], write_csv: bool) -> None:
         source, seq = record.get("src"), record.get("seq")
@@ -204,6 +246,7 @@ class Progress:
             "eval_learner_steps": record.get("learner_steps"),
             **{k: self.last_learner.get(k) for k in _LEARNER_COLUMNS},
             **{k: self.gauges.get(k) for k in _GAUGE_COLUMNS},
+            "actor_weights_staleness": self.weights_staleness(),
             "record_id": record_id,
         }
         columns = CSV_COLUMNS
