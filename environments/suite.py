@@ -131,6 +131,7 @@ def make(
     frame_stack: int = 1,
     action_repeat: int = 1,
     time_limit: float | None = None,
+    shadows_and_reflections: bool = False,
 ) -> dm_env.Environment:
     """Builds a dm-control suite task with the observation and action conventions agents use.
 
@@ -154,6 +155,9 @@ def make(
         multiplied, and repetition stops early at the end of an episode.
       time_limit: episode length in simulated seconds (independent of `action_repeat`);
         None keeps the task's default.
+      shadows_and_reflections: render MuJoCo's shadows and reflections (pixels only). Off
+        by default: with software OpenGL they cost most of a frame's time and change
+        little of the image (see `wrappers.PixelObservation`).
 
     Returns:
       A `dm_env.Environment`. Attributes of the dm-control env (e.g. `physics`) are
@@ -199,6 +203,7 @@ def make(
             camera_id=camera_id,
             frame_stack=frame_stack,
             reward_bounds=bounds,
+            shadows_and_reflections=shadows_and_reflections,
         )
     else:
         env = wrappers.FlattenFeatures(env, reward_bounds=bounds)

@@ -54,6 +54,7 @@ def make_environment(config: D4PGConfig, env_name: str, seed: int):
         height=config.image_size,
         width=config.image_size,
         camera_id=config.camera_id,
+        shadows_and_reflections=config.shadows_and_reflections,
         frame_stack=config.resolved_frame_stack(),
         action_repeat=config.resolved_action_repeat(env_name),
     )

@@ -110,6 +110,8 @@ class D4PGConfig:
     from_pixels: bool = False
     image_size: int = 84
     camera_id: int = 0  # MuJoCo camera for pixels (-1: the free camera).
+    # Off: ~8x cheaper software rendering, <1 intensity level of change on average.
+    shadows_and_reflections: bool = False
     frame_stack: int | None = None  # None: 3 for pixels, 1 for features.
     action_repeat: int | None = None  # None: `PIXEL_ACTION_REPEAT` for pixels, 1 for features.
     # Reproducibility.

@@ -204,7 +204,8 @@ def _render(env, height, width):
 
 
 def test_pixels_shape_dtype_and_stacking(pixel_env_factory):
-    env = pixel_env_factory(height=48, width=64, frame_stack=3)
+    # With shadows and reflections the frames are exactly what physics.render draws.
+    env = pixel_env_factory(height=48, width=64, frame_stack=3, shadows_and_reflections=True)
     assert env.observation_spec() == specs.BoundedArray((48, 64, 9), np.uint8, 0, 255, "pixels")
     first = env.reset().observation
     assert first.dtype == np.uint8 and first.shape == (48, 64, 9)
@@ -235,10 +236,23 @@ def test_pixels_single_frame_and_episode_restart(pixel_env_factory):
     assert restart.first()
     np.testing.assert_array_equal(restart.observation[..., :3], restart.observation[..., 3:])
 
-    single = pixel_env_factory(height=32, width=40)
+    single = pixel_env_factory(height=32, width=40, shadows_and_reflections=True)
     observation = single.reset().observation
     assert observation.shape == (32, 40, 3) and observation.flags["C_CONTIGUOUS"]
     np.testing.assert_array_equal(observation, _render(single, 32, 40))
+
+
+def test_pixels_skip_shadows_and_reflections_by_default(pixel_env_factory):
+    plain = pixel_env_factory(height=64, width=64)
+    full = pixel_env_factory(height=64, width=64, shadows_and_reflections=True)
+    fast, exact = plain.reset().observation, full.reset().observation
+    np.testing.assert_array_equal(exact, _render(full, 64, 64))
+    difference = np.abs(fast.astype(np.int32) - exact.astype(np.int32))
+    assert difference.max() > 0  # The passes were skipped: the floor's shadow changed.
+    assert difference.mean() < 2.0  # The picture itself is the same.
+    # Each frame is its own array: the camera's buffer is reused by the next render.
+    step = plain.step(np.ones(1, np.float32)).observation
+    assert not np.shares_memory(step, fast) and not np.array_equal(step, fast)
 
 
 def test_pixels_bad_camera_id(pixel_env_factory):
