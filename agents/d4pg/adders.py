@@ -26,6 +26,8 @@ import reverb
 from agents import core
 from agents.d4pg.replay import REPLAY_TABLE
 
+_FLUSH_EVERY = 8  # Steps between checks of the in-flight bound.
+
 
 class NStepTransitionAdder(core.Adder):
     """Writes n-step transitions of one actor into a Reverb table.
@@ -36,9 +38,13 @@ class NStepTransitionAdder(core.Adder):
       action_shape: shape of one action (to write the zero action of the final step).
       table: the table to insert items into (signature: `replay.ReplayItem`).
       priority: the priority of every item (uniform replay ignores it).
-      max_in_flight_items: items the writer may have sent but the server not yet accepted;
-        beyond that `add` blocks. This is how the table's rate limiter slows an actor
-        down (item creation alone never blocks).
+      max_in_flight_items: items the writer may hold unconfirmed (created, or sent and not
+        yet accepted by the server); beyond that `add` blocks. This is how the table's
+        rate limiter slows an actor down (item creation alone never blocks). The bound is
+        checked every `_FLUSH_EVERY` steps, so up to max_in_flight_items + 8 can be
+        pending; Reverb's writer logs a warning for every 10 items once 50 are pending,
+        which under a blocking rate limiter filled actor logs with thousands of lines a
+        minute at the former default of 64.
 
     Example:
       adder = NStepTransitionAdder(reverb.Client("localhost:1234"), n_step=5, action_shape=(1,))
@@ -60,7 +66,7 @@ class NStepTransitionAdder(core.Adder):
         action_shape=(1,),
         table: str = REPLAY_TABLE,
         priority: float = 1.0,
-        max_in_flight_items: int = 64,
+        max_in_flight_items: int = 40,
         chunk_length: int | None = None,
     ):
         if n_step < 1:
@@ -117,7 +123,7 @@ class NStepTransitionAdder(core.Adder):
         if self._steps > self._n:
             # Step t = steps - 1 - n can now see o_{t+n}, the observation just appended.
             self._create_item(self._n)
-            if self._steps % 8 == 0:  # Bounding the in-flight items needs no per-step check.
+            if self._steps % _FLUSH_EVERY == 0:  # The bound needs no per-step check.
                 self._cpp.Flush(self._max_in_flight, -1)
         if next_timestep.last():
             self._finish_episode()

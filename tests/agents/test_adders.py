@@ -198,3 +198,22 @@ def test_add_first_after_an_unfinished_episode_drops_it():
             assert item.observation[1] == item.next_observation[1]
     finally:
         server.stop()
+
+
+def test_a_writer_held_back_by_the_rate_limiter_does_not_flood_the_log():
+    """Reverb warns once 50 items are pending; the adder's bound keeps it below that."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    probe = subprocess.run(
+        [sys.executable, "-m", "tests.agents.pending_items_probe", "default"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert "wrote 800 steps" in probe.stdout
+    assert "alarmingly high" not in probe.stderr
