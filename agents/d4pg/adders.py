@@ -41,10 +41,11 @@ class NStepTransitionAdder(core.Adder):
       max_in_flight_items: items the writer may hold unconfirmed (created, or sent and not
         yet accepted by the server); beyond that `add` blocks. This is how the table's
         rate limiter slows an actor down (item creation alone never blocks). The bound is
-        checked every `_FLUSH_EVERY` steps, so up to max_in_flight_items + 8 can be
-        pending; Reverb's writer logs a warning for every 10 items once 50 are pending,
-        which under a blocking rate limiter filled actor logs with thousands of lines a
-        minute at the former default of 64.
+        checked every `_FLUSH_EVERY` steps and an episode's end creates up to n - 1 more
+        items at once, so up to max_in_flight_items + 8 + n - 1 can be pending. Reverb's
+        writer logs a warning for every 10 items once 50 are pending, which under a
+        blocking rate limiter filled actor logs with thousands of lines a minute at the
+        former default of 64; 32 stays below 50 for n <= 10.
 
     Example:
       adder = NStepTransitionAdder(reverb.Client("localhost:1234"), n_step=5, action_shape=(1,))
@@ -66,7 +67,7 @@ class NStepTransitionAdder(core.Adder):
         action_shape=(1,),
         table: str = REPLAY_TABLE,
         priority: float = 1.0,
-        max_in_flight_items: int = 40,
+        max_in_flight_items: int = 32,
         chunk_length: int | None = None,
     ):
         if n_step < 1:

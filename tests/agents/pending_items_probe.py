@@ -1,6 +1,6 @@
 """Run as a script by test_adders: an actor's writer held back by the rate limiter.
 
-Writes 800 steps (one episode) with the actors' settings into a table whose
+Writes 788 steps (episodes of 600 and 4 x 47) with the actors' settings into a table whose
 samples-per-insert limiter only lets inserts through as a slow sampler thread samples,
 so the writer's queue stays full for the whole run. Reverb's C++ writer then logs its
 "pending items is alarmingly high" warning to stderr if the adder lets created plus
@@ -23,7 +23,7 @@ from agents.d4pg.config import D4PGConfig
 from agents.d4pg.replay import REPLAY_TABLE, make_replay_server
 from tests.agents.test_adders import SPEC
 
-STEPS = 800
+STEPS = 788
 
 
 def main() -> None:
@@ -43,10 +43,14 @@ def main() -> None:
     sampler = threading.Thread(target=sample_slowly, daemon=True)
     sampler.start()
     observation = np.zeros(2, np.float32)
-    adder.add_first(dm_env.restart(observation))
-    for t in range(STEPS):
-        step = dm_env.termination if t == STEPS - 1 else dm_env.transition
-        adder.add(np.zeros(1, np.float32), step(np.float32(1.0), observation))
+    # One long episode (a steady full queue), then short ones, each ending 7 steps after
+    # a bound check (an episode's end creates n - 1 extra items at once).
+    lengths = [600] + [47] * 4
+    for length in lengths:
+        adder.add_first(dm_env.restart(observation))
+        for t in range(length):
+            step = dm_env.termination if t == length - 1 else dm_env.transition
+            adder.add(np.zeros(1, np.float32), step(np.float32(1.0), observation))
     print("wrote", STEPS, "steps", flush=True)
     # The sampler may be blocked in the rate limiter, which would hold up a clean
     # shutdown of the server: nothing is left to check, so leave at once.
