@@ -18,6 +18,23 @@ def test_readme_table_matches_the_results():
     )
 
 
+def test_readme_learning_suite_table_matches_its_results():
+    text = readme_table.README.read_text(encoding="utf-8")
+    block = readme_table.current_block(text, readme_table.SUITE_BEGIN, readme_table.SUITE_END)
+    assert block == readme_table.render_suite(), "run python benchmarks/readme_table.py"
+
+
+def test_the_suite_table_recomputes_from_a_changed_summary(tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(readme_table.RESULTS, results)
+    path = results / readme_table.SUITE_RESULT
+    data = json.loads(path.read_text())
+    data["summary"]["walker:walk"]["published_d4pg"] = 123.0
+    path.write_text(json.dumps(data))
+    assert "| 123 |" in readme_table.render_suite(results)
+    assert "| 123 |" not in readme_table.render_suite()
+
+
 def test_every_result_has_a_row():
     assert readme_table.uncovered() == [], "add a Row for it in benchmarks/readme_table.py"
 
