@@ -164,7 +164,13 @@ def test_local_learner_group_steps_writes_from_the_chief_and_restarts_together(t
         "logs/learner_1.log",
         "metrics/learner_1.jsonl",
     ]
-    assert sorted(os.listdir(f"{run_dir}/tensorboard")) == ["evaluator", "learner", "replay"]
+    # "launcher": the launcher's run-wide figures (actor weight staleness).
+    assert sorted(os.listdir(f"{run_dir}/tensorboard")) == [
+        "evaluator",
+        "launcher",
+        "learner",
+        "replay",
+    ]
     top = {f.split("/")[0] for f in files}
     assert top == {
         "checkpoints",
