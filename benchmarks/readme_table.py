@@ -244,6 +244,17 @@ ROWS: tuple[Row, ...] = (
         },
     ),
     Row(
+        "agents_pixels.json",
+        "`agents_pixels`: D4PG learning from 64x64 pixels (augmentation on; 2 actors, local "
+        "backend), 60k agent steps, seed 0: final (best) evaluation return",
+        "ball_in_cup:catch {runs/ball_in_cup:catch/0/final_eval_return|.0f} "
+        "({runs/ball_in_cup:catch/0/best_eval_return|.0f}; published D4PG from pixels at 1e8 "
+        "steps: 980); cartpole:swingup {runs/cartpole:swingup/0/final_eval_return|.0f} "
+        "({runs/cartpole:swingup/0/best_eval_return|.0f}; a random policy averages 140, a "
+        "constant action 75); {runs/ball_in_cup:catch/0/learner_steps|.0f} and "
+        "{runs/cartpole:swingup/0/learner_steps|.0f} updates; noisy, which only slows the runs",
+    ),
+    Row(
         "launch_actor_scaling.json",
         "`launch_actor_scaling`: total actor steps/s, 2 actor processes / 1",
         "{ratio_median|.3f} (median of {rounds}); noisy",
