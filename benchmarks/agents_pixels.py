@@ -100,14 +100,11 @@ def profile(task: str, rounds: int = 3) -> dict:
     physics = _best_time(stepper(features_env), rounds, 100)
     with_render = _best_time(stepper(pixels_env), rounds, 100)
 
-    from dm_control import mujoco
-    from dm_control.mujoco.wrapper.mjbindings import enums
+    from environments.wrappers import make_camera
 
     def plain_camera(size: int):
         """The wrapper's camera: kept, no shadow or reflection pass."""
-        camera = mujoco.Camera(pixels_env.physics, height=size, width=size, camera_id=0)
-        camera.scene.flags[enums.mjtRndFlag.mjRND_SHADOW] = 0
-        camera.scene.flags[enums.mjtRndFlag.mjRND_REFLECTION] = 0
+        camera = make_camera(pixels_env.physics, size, size, 0, shadows_and_reflections=False)
         return camera.render
 
     render_by_size = {

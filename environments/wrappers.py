@@ -215,6 +215,22 @@ class FlattenFeatures(_ObservationWrapper):
         return self._timestep(timestep, self._flatten(timestep.observation))
 
 
+def make_camera(
+    physics: Any, height: int, width: int, camera_id: int, *, shadows_and_reflections: bool
+) -> Any:
+    """A `dm_control.mujoco.Camera` to keep and render from, optionally without the shadow
+    and reflection passes (see `PixelObservation`)."""
+    # Imported here: dm_control.mujoco picks its GL backend on import.
+    from dm_control import mujoco  # pylint: disable=import-outside-toplevel
+    from dm_control.mujoco.wrapper.mjbindings import enums  # pylint: disable=import-outside-toplevel
+
+    camera = mujoco.Camera(physics, height=height, width=width, camera_id=camera_id)
+    if not shadows_and_reflections:
+        camera.scene.flags[enums.mjtRndFlag.mjRND_SHADOW] = 0
+        camera.scene.flags[enums.mjtRndFlag.mjRND_REFLECTION] = 0
+    return camera
+
+
 class PixelObservation(_ObservationWrapper):
     """Replaces the observation by rendered frames: uint8 (height, width, 3 * frame_stack).
 
@@ -269,16 +285,9 @@ class PixelObservation(_ObservationWrapper):
             name="pixels",
         )
         try:  # Fail here, with instructions, rather than on the first reset of an actor.
-            # Imported here: dm_control.mujoco picks its GL backend on import.
-            from dm_control import mujoco  # pylint: disable=import-outside-toplevel
-            from dm_control.mujoco.wrapper.mjbindings import (  # pylint: disable=import-outside-toplevel
-                enums,
+            self._camera = make_camera(
+                physics, height, width, camera_id, shadows_and_reflections=shadows_and_reflections
             )
-
-            self._camera = mujoco.Camera(physics, height=height, width=width, camera_id=camera_id)
-            if not shadows_and_reflections:
-                self._camera.scene.flags[enums.mjtRndFlag.mjRND_SHADOW] = 0
-                self._camera.scene.flags[enums.mjtRndFlag.mjRND_REFLECTION] = 0
             self._camera.render()
         except Exception as e:  # dm-control raises RuntimeError, ImportError, GL errors.
             raise RenderingUnavailableError(rendering_help(e)) from e
