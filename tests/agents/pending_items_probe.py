@@ -23,7 +23,9 @@ from agents.d4pg.config import D4PGConfig
 from agents.d4pg.replay import REPLAY_TABLE, make_replay_server
 from tests.agents.test_adders import SPEC
 
-STEPS = 788
+# One long episode (a steady full queue), then short ones, each ending 7 steps after a
+# bound check (an episode's end creates n - 1 extra items at once).
+EPISODE_LENGTHS = [600] + [47] * 4
 
 
 def main() -> None:
@@ -43,15 +45,12 @@ def main() -> None:
     sampler = threading.Thread(target=sample_slowly, daemon=True)
     sampler.start()
     observation = np.zeros(2, np.float32)
-    # One long episode (a steady full queue), then short ones, each ending 7 steps after
-    # a bound check (an episode's end creates n - 1 extra items at once).
-    lengths = [600] + [47] * 4
-    for length in lengths:
+    for length in EPISODE_LENGTHS:
         adder.add_first(dm_env.restart(observation))
         for t in range(length):
             step = dm_env.termination if t == length - 1 else dm_env.transition
             adder.add(np.zeros(1, np.float32), step(np.float32(1.0), observation))
-    print("wrote", STEPS, "steps", flush=True)
+    print("wrote", sum(EPISODE_LENGTHS), "steps", flush=True)
     # The sampler may be blocked in the rate limiter, which would hold up a clean
     # shutdown of the server: nothing is left to check, so leave at once.
     os._exit(0)

@@ -1,5 +1,9 @@
 """The n-step adder against hand-computed items, through a real Reverb server."""
 
+import os
+import subprocess
+import sys
+
 import dm_env
 import numpy as np
 import pytest
@@ -202,10 +206,6 @@ def test_add_first_after_an_unfinished_episode_drops_it():
 
 def test_a_writer_held_back_by_the_rate_limiter_does_not_flood_the_log():
     """Reverb warns once 50 items are pending; the adder's bound keeps it below that."""
-    import os
-    import subprocess
-    import sys
-
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     probe = subprocess.run(
         [sys.executable, "-m", "tests.agents.pending_items_probe", "default"],
