@@ -1,5 +1,6 @@
 """Running `replicator launch d4pg` as a real launcher process, and finding its nodes."""
 
+import contextlib
 import os
 import re
 import signal
@@ -42,6 +43,18 @@ def start_cli(run_dir, *args, actors=1, steps=None, extra=()):
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": s.REPO},
     )
+
+
+@contextlib.contextmanager
+def running_cli(run_dir, *args, **kwargs):
+    """`start_cli` whose process is killed on the way out if the test left it running."""
+    proc = start_cli(run_dir, *args, **kwargs)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def cli_output(run_dir):

@@ -46,10 +46,9 @@ def test_chaos_kill_9_of_every_node_loses_nothing(tmp_path):
     rng.shuffle(order)
     run_dir = str(tmp_path / "run")
     budget = 9000
-    proc = c.start_cli(run_dir, steps=budget, extra=["--replay-checkpoint-every", "2"])
     seen_pids, checks = set(), []
     previous = None
-    try:
+    with c.running_cli(run_dir, steps=budget, extra=["--replay-checkpoint-every", "2"]) as proc:
         for i, victim in enumerate(order):
             s.wait_for(
                 lambda i=i: c.actor_steps(run_dir) >= (i + 1) * budget / 7, 300, f"kill {i + 1}"
@@ -77,9 +76,6 @@ def test_chaos_kill_9_of_every_node_loses_nothing(tmp_path):
             checks.append((victim, offset, expected))
         seen_pids.update(c.all_node_pids(proc))
         code = c.finish(proc, 500)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     out = c.cli_output(run_dir)
     assert code == 0, out
     assert c.actor_steps(run_dir) >= budget

@@ -23,8 +23,7 @@ def test_replay_killed_mid_run_comes_back_and_the_run_finishes(tmp_path):
     run_dir = str(tmp_path / "run")
     # Large enough that the run is still going after the kill (actors write ~1,000 steps/s).
     budget = 12000
-    proc = c.start_cli(run_dir, steps=budget, extra=["--replay-checkpoint-every", "2"])
-    try:
+    with c.running_cli(run_dir, steps=budget, extra=["--replay-checkpoint-every", "2"]) as proc:
         s.wait_for(lambda: c.actor_steps(run_dir) >= 1000, 300, "1,000 actor steps")
         # Kill -9 the replay right after a checkpoint, so we know what it must restore.
         seen = len(c.checkpoint_lines(run_dir))
@@ -35,9 +34,6 @@ def test_replay_killed_mid_run_comes_back_and_the_run_finishes(tmp_path):
         learner_steps = s.gauge(run_dir, "learner_steps")
         episodes = len(s.records(run_dir, "actor_0", "episode"))
         code = c.finish(proc, 400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     out = c.cli_output(run_dir)
     assert code == 0, out
     assert "Finished: " in out and "replay failed (killed by SIGKILL); restart #1" in out
@@ -57,16 +53,12 @@ def test_replay_killed_mid_run_comes_back_and_the_run_finishes(tmp_path):
 def test_sighup_saves_everything_then_a_relaunch_with_only_run_dir_ends_at_the_budget(tmp_path):
     run_dir = str(tmp_path / "run")
     budget = 3000
-    proc = c.start_cli(run_dir, steps=budget)
-    try:
+    with c.running_cli(run_dir, steps=budget) as proc:
         s.wait_for(lambda: c.actor_steps(run_dir) >= 0.4 * budget, 300, "40% of the budget")
         pids = c.all_node_pids(proc)
         offsets = {n: len(s.log_text(run_dir, n)) for n in ("learner", "replay")}
         proc.send_signal(signal.SIGHUP)  # A closed terminal.
         code = c.finish(proc, 120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     out = c.cli_output(run_dir)
     assert code == 130, out
     assert "SIGHUP: stopping every node" in out and "Stopped: " in out
@@ -77,12 +69,8 @@ def test_sighup_saves_everything_then_a_relaunch_with_only_run_dir_ends_at_the_b
     assert stopped_at < budget
 
     # Only --run-dir: the stored budget, actor count and evaluation settings are reused.
-    proc = c.start_cli(run_dir)
-    try:
+    with c.running_cli(run_dir) as proc:
         code = c.finish(proc, 400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     out = c.cli_output(run_dir)
     assert code == 0, out
     assert f"budget {budget:,} actor steps ({stopped_at:,} done)" in out
@@ -93,17 +81,13 @@ def test_sighup_saves_everything_then_a_relaunch_with_only_run_dir_ends_at_the_b
 
 def test_kill_9_of_the_launcher_leaves_final_checkpoints_and_no_orphan(tmp_path):
     run_dir = str(tmp_path / "run")
-    proc = c.start_cli(run_dir, steps=100_000)
-    try:
+    with c.running_cli(run_dir, steps=100_000) as proc:
         s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 20, 300, "learner steps")
         pids = c.all_node_pids(proc)
         offsets = {n: len(s.log_text(run_dir, n)) for n in ("learner", "replay")}
         killed_at = time.time()
         proc.kill()
         proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     # Each node gets SIGTERM from the parent-death signal, saves, and exits by its deadline.
     s.wait_for(lambda: not any(c.alive(p) for p in pids), 90, "every node to exit")
     learner = s.log_text(run_dir, "learner")[offsets["learner"] :]
@@ -121,8 +105,7 @@ def test_kill_9_of_the_launcher_leaves_final_checkpoints_and_no_orphan(tmp_path)
 
 def test_a_learner_whose_final_save_fails_makes_the_exit_status_say_so(tmp_path):
     run_dir = str(tmp_path / "run")
-    proc = c.start_cli(run_dir, steps=100_000, extra=["--checkpoint-every", "1000000"])
-    try:
+    with c.running_cli(run_dir, steps=100_000, extra=["--checkpoint-every", "1000000"]) as proc:
         s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 20, 300, "learner steps")
         # The disk "breaks": the checkpoint directory becomes a file, so the save raises.
         directory = os.path.join(run_dir, "checkpoints", "learner")
@@ -131,9 +114,6 @@ def test_a_learner_whose_final_save_fails_makes_the_exit_status_say_so(tmp_path)
             f.write("not a directory\n")
         proc.send_signal(signal.SIGINT)
         code = c.finish(proc, 120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     out = c.cli_output(run_dir)
     assert code == 1, out
     assert "failed to stop cleanly or to save" in out
