@@ -172,6 +172,31 @@ def test_distribute_gives_each_replica_its_share_of_the_global_batch(repl):
     )
 
 
+def test_one_cpu_replica_reads_its_pipeline_in_order_without_a_device_relay():
+    repl = replication.make("cpu")
+    contexts = []
+
+    def input_fn(ctx):
+        contexts.append((ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync))
+        return tf.data.Dataset.range(3).batch(1)
+
+    iterator = iter(repl.distribute(input_fn))
+
+    @tf.function
+    def pull(it):
+        return repl.run(lambda x: x * 10, next(it))
+
+    assert [pull(iterator).numpy().tolist() for _ in range(3)] == [[0], [10], [20]]
+    assert contexts == [(1, 0, 1)]
+    with pytest.raises(tf.errors.OutOfRangeError):  # The end of the data still surfaces.
+        pull(iterator)
+    # Elements come straight from the pipeline's own iterator, not through tf.distribute's
+    # MultiDeviceIterator relay (a remote call and a prefetch thread per batch, ~0.3 ms of
+    # CPU). Only TensorFlow's private attributes show which (TF is pinned to 2.15).
+    kinds = [type(worker._iterator).__name__ for worker in iterator._iterators]
+    assert kinds == ["OwnedIterator"], kinds
+
+
 @pytest.mark.parametrize(
     "name, call",
     [
