@@ -31,6 +31,12 @@ class Transition(
 
 InputFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
+# Samples a Reverb sampler stream delivers before the client opens a new one (Reverb's
+# default: no limit). Sampling is uniform either way; measured on a batch-64 pipeline of
+# cartpole items, 256 cut the learner's CPU per batch by about 30% (1.57 against 2.26 ms;
+# 64: 1.61, 1024: 2.17) for ~0.05 ms more on the replay server.
+SAMPLES_PER_STREAM = 256
+
 
 class ReplayTimeoutError(TimeoutError):
     """No batch could be sampled in time (the rate limiter kept blocking: actors idle)."""
@@ -69,6 +75,7 @@ def reverb_input_fn(
                 config.max_in_flight_samples_per_worker, 2 * per_replica
             ),
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
+            max_samples_per_stream=SAMPLES_PER_STREAM,
         )
         # Items shorter than n (episode ends) are padded to the batch's longest; a negative
         # discount marks padding. Batching first and computing returns on whole batches is
