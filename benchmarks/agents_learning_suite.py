@@ -28,6 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from launch import d4pg_program  # noqa: E402
 from launch.metrics import read_csv  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "agents_learning_suite.json")
@@ -122,6 +123,8 @@ def run_one(task: str, seed: int, steps: int, timeout_s: float, keep: bool, extr
         # decaying load. Only a load beyond what one run makes marks another job.
         "noisy": load_before[0] > OWN_LOAD + (os.cpu_count() or 1),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        # The defaults change as they are tuned: keep the ones this run got.
+        "quick_preset": dict(d4pg_program.PRESETS["quick"]),
     }
     if not keep:
         subprocess.run(["rm", "-rf", run_dir], check=False)
@@ -249,6 +252,13 @@ def main(argv: list[str] | None = None) -> None:
                 "fractions_of_published": list(FRACTIONS),
                 "budgets": BUDGETS,
                 "cpu_count": os.cpu_count(),
+                # Each run's own launch keeps ~4 busy; "noisy" in a run says whether
+                # another job ran too.
+                "max_load_average": max(
+                    r["load_average_before"][0]
+                    for by_seed in runs.values()
+                    for r in by_seed.values()
+                ),
                 "summary": summarise(runs),
                 "runs": runs,
             }

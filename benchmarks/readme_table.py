@@ -96,6 +96,18 @@ def _pixel_render_share(profile: Mapping[str, Any]) -> float:
     return parts["rendering"] / (sum(parts.values()) + profile["learner_s_per_agent_step"])
 
 
+def _sweep_text(summary: Mapping[str, Any]) -> str:
+    """Candidates by median steps to the target: `name 50k (3 of 3)`, best first."""
+    ranked = sorted(
+        summary.items(), key=lambda kv: kv[1]["median_actor_steps_to_target_misses_as_budget"]
+    )
+    return "; ".join(
+        f"{name}: {s['median_actor_steps_to_target_misses_as_budget'] / 1000:.0f}k "
+        f"({s['seeds_reached']} of {s['seeds']} reached)"
+        for name, s in ranked
+    )
+
+
 def _kills_text(kills: list[Mapping[str, Any]]) -> str:
     """Like `8 kills: 3 replay, 3 evaluator, ...` (victims by count, then by name)."""
     counts = collections.Counter(k["victim"] for k in kills)
@@ -263,9 +275,47 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "launch_time_to_score.json",
-        "`launch_time_to_score`: local backend, 2 actors, cartpole:swingup to 800",
-        "{distributed/seconds_to_target|.0f} s (single-process runner: "
-        "{single_process/results/seconds_to_target|.0f} s); noisy",
+        "`launch_time_to_score`: the README's main command (`replicator launch d4pg`, defaults: "
+        "local backend, 2 actors, cartpole:swingup), wall time to eval return 800, median of 3 "
+        "seeds",
+        "{distributed/median_seconds_to_target|.0f} s, {steps_k|.0f}k actor steps "
+        "({distributed/seeds_reached} of {seeds} seeds reached 800 in the "
+        "{budget_k|.0f}k-step default: {per_seed}); noisy",
+        Target("<", 150, "distributed/median_seconds_to_target", unit=" s"),
+        derived={
+            "steps_k": lambda d: d["distributed"]["median_actor_steps_to_target"] / 1000,
+            "seeds": lambda d: len(d["distributed"]["seeds"]),
+            "budget_k": lambda d: d["distributed"]["budget_actor_steps"] / 1000,
+            "per_seed": lambda d: ", ".join(
+                f"{r['seconds_to_target']:.0f} s at {r['actor_steps_to_target'] / 1000:.0f}k"
+                if r["reached"]
+                else f"missed (best {r['best_eval_return']:.0f})"
+                for r in d["distributed"]["runs"].values()
+            ),
+        },
+    ),
+    Row(
+        "agents_learning_suite_current_preset.json",
+        "`agents_learning_suite --tasks walker:walk,cheetah:run,ball_in_cup:catch --seeds 0 "
+        "--results benchmarks/results/agents_learning_suite_current_preset.json`: the current "
+        "quick preset (32 samples per insert, Adam 1e-3) on other tasks, seed 0, final (best) "
+        "eval return",
+        "{tasks} (the former preset's 3-seed means are in the learning-suite table below)",
+        derived={
+            "tasks": lambda d: "; ".join(
+                f"{task} {s['final_eval_return']['mean']:.0f} "
+                f"({s['best_eval_return']['mean']:.0f}) at {s['budget_actor_steps'] / 1000:.0f}k"
+                for task, s in sorted(d["summary"].items())
+            )
+        },
+    ),
+    Row(
+        "agents_quick_preset_sweep.json",
+        "`agents_quick_preset_sweep`: the quick preset's candidates, actor steps to eval "
+        "return 800 on cartpole:swingup, median of 3 seeds (a miss counts as the 200k budget; "
+        "2 launches shared the machine, which does not change steps)",
+        "{candidates}",
+        derived={"candidates": lambda d: _sweep_text(d["summary"])},
     ),
     Row(
         "launch_evaluate.json",
@@ -496,6 +546,16 @@ def _spread(stats: Mapping[str, Any] | None, digits: int = 0) -> str:
     )
 
 
+def _preset_summary(preset: dict | None) -> str:
+    """The tuned keys of a stored quick preset ("not recorded" for runs before it was)."""
+    if not preset:
+        return "not recorded"
+    return (
+        f"samples_per_insert {preset['samples_per_insert']:g}, "
+        f"Adam {preset['policy_lr']:g} (policy) / {preset['critic_lr']:g} (critic)"
+    )
+
+
 def render_suite(results: Path = RESULTS) -> str:
     """The learning suite's block: per task, returns over seeds and steps to the published score."""
     data = json.loads((results / SUITE_RESULT).read_text(encoding="utf-8"))
@@ -530,10 +590,18 @@ def render_suite(results: Path = RESULTS) -> str:
             f"{published:.0f}" if published is not None else "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    presets = {
+        json.dumps(run.get("quick_preset"), sort_keys=True): run.get("quick_preset")
+        for by_seed in data["runs"].values()
+        for run in by_seed.values()
+    }
     lines.append(
         "\nReturns: mean ± std (min-max) over seeds of the last and of the best evaluation "
         "(3 episodes each). Steps and minutes: means over the seeds that reached the "
-        "fraction. Published: " + data["published_source"]
+        "fraction. Quick preset of the runs: "
+        + "; ".join(_preset_summary(p) for p in presets.values())
+        + ". Published: "
+        + data["published_source"]
     )
     lines.append(SUITE_END)
     return "\n".join(lines)

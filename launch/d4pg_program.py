@@ -49,7 +49,11 @@ RESUMABLE_CONFIG_KEYS = frozenset(
 
 # Base hyperparameters a new run starts from (then --config.KEY=VALUE applies on top).
 # "paper" is D4PGConfig's defaults, the published agent. "quick" shrinks networks and
-# batch so that a 2-core laptop shows learning within minutes.
+# batch so that a 2-core laptop shows learning within minutes. Its replay ratio and
+# learning rates were chosen by benchmarks/agents_quick_preset_sweep.py (actor steps to
+# eval return 800 on cartpole:swingup, 3 seeds per candidate): Adam 1e-3 with 32 samples
+# per insert reached 800 at 40k-60k actor steps on 3 of 3 seeds; the former 3e-4 with 16
+# took 133k-200k+ and missed on one seed; 1e-3 with 16 also missed on one.
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     "quick": {
@@ -57,17 +61,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "critic_layers": (128, 128),
         "batch_size": 64,
         "min_replay_size": 1000,
-        "samples_per_insert": 16.0,
+        "samples_per_insert": 32.0,
         "variable_update_period": 250,
         "publish_period": 10,
-        "policy_lr": 3e-4,
-        "critic_lr": 3e-4,
+        "policy_lr": 1e-3,
+        "critic_lr": 1e-3,
     },
 }
-# Default actor-step budget of `replicator launch d4pg`. Measured on the 2-core machine
-# (2026-12-01, one seed, quick preset): eval return 342 at 100k actor steps, 685 at 138k and
-# 839 at 229k (~3.5 min at ~1,100 actor steps/s), so 300k leaves a margin to reach 800.
-QUICK_STEPS = 300_000
+# Default actor-step budget of `replicator launch d4pg`. With the quick preset, the
+# README command reaches eval return 800 at 40k-60k actor steps (see
+# benchmarks/results/launch_time_to_score.json); 100k leaves a margin and ends in about
+# 4 minutes on 2 cores.
+QUICK_STEPS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
