@@ -422,7 +422,9 @@ class Supervisor:
                 for state in self._running(phase):
                     deadline, timeout = deadlines[state.node.name]
                     if self._force.is_set() or time.monotonic() >= deadline:
-                        if not self._force.is_set():
+                        if self._force.is_set():
+                            self._stop_failed(state, "was killed by a second stop signal")
+                        elif not state.node.stateless:
                             self._echo(
                                 f"[launch] {state.node.name}: still running {timeout:g}s after the "
                                 "stop request (blocked in a call); killed"
@@ -430,8 +432,9 @@ class Supervisor:
                             self._stop_failed(
                                 state, f"was killed {timeout:g}s after the stop request"
                             )
-                        else:
-                            self._stop_failed(state, "was killed by a second stop signal")
+                        # A stateless node blocked at the stop (an actor waiting on the rate
+                        # limiter once the learner has stopped) loses nothing by the kill:
+                        # that ends every learner-bound run, so the console is not told.
                         state.handle.kill()
                         state.handle.drain()
                         state.handle = None

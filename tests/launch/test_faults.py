@@ -103,6 +103,36 @@ def test_a_stateful_node_that_fails_to_save_is_reported(tmp_path):
     assert os.path.join(run_dir, "logs", "saver.log") in failures[0]
 
 
+def test_only_a_stateful_node_killed_at_the_stop_deadline_is_reported(tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    program = Program(
+        "p",
+        [
+            Node("saver", "tests.launch.nodes:counter", {"ignore_stop": True}, stop_timeout=1.0),
+            Node(
+                "actor",
+                "tests.launch.nodes:counter",
+                {"ignore_stop": True},
+                stop_timeout=1.0,
+                stateless=True,
+            ),
+        ],
+    )
+    t, result, sup = _run_in_thread(program, run_dir)
+    _wait_for(
+        lambda: "pid_saver" in _gauges(run_dir) and "pid_actor" in _gauges(run_dir), 30, "nodes"
+    )
+    pids = [_gauges(run_dir)[k] for k in ("pid_saver", "pid_actor")]
+    sup.request_stop()
+    t.join(30)
+    # Both were killed; only the one that could have lost state is on the console.
+    assert not any(_alive(pid) for pid in pids)
+    console = capsys.readouterr().err
+    assert "saver: still running 1s after the stop request" in console, console
+    assert "actor:" not in console, console
+    assert [f.split(" was killed")[0] for f in result["outcome"].stop_failures] == ["saver"]
+
+
 def test_a_republished_address_restarts_its_users(tmp_path):
     run_dir = str(tmp_path / "run")
     program = Program(
