@@ -21,6 +21,7 @@ import concurrent.futures
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def run_one(candidate: str, seed: int, target: float, budget: int, eval_every: i
     wall = time.monotonic() - start
     rows = [r for r in read_csv(os.path.join(run_dir, "metrics.csv")) if "eval_return" in r]
     hit = next((r for r in rows if r["eval_return"] >= target), None)
-    subprocess.run(["rm", "-rf", run_dir], check=False)
+    shutil.rmtree(run_dir, ignore_errors=True)
     return {
         "overrides": CANDIDATES[candidate],
         "outcome": outcome.reason,
