@@ -34,7 +34,6 @@ from agents_learning_suite import first_reaching, run_one  # noqa: E402
 from launch import d4pg_program  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-OWN_LOAD = 4.0  # 1-minute load average one launch keeps up by itself.
 
 
 def distributed(task: str, seeds: list[int], target: float, timeout_s: float) -> dict:
@@ -73,9 +72,7 @@ def distributed(task: str, seeds: list[int], target: float, timeout_s: float) ->
         "median_actor_steps_to_target": _finite(
             statistics.median([r["actor_steps_to_target"] or inf for r in runs.values()])
         ),
-        "noisy": any(
-            r["load_average_before"][0] > OWN_LOAD + (os.cpu_count() or 1) for r in runs.values()
-        ),
+        "noisy": any(r["noisy"] for r in runs.values()),  # run_one's rule, per run.
         "runs": runs,
     }
 
