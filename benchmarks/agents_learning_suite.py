@@ -1,24 +1,34 @@
 """D4PG learning suite: the defaults a user gets, on six control-suite tasks, 3 seeds each.
 
-Each (task, seed) is one `python -m launch.cli launch d4pg` (local backend, 2 actors,
-the default preset, nothing tuned) with a fixed actor-step budget per task, read back
-from its run directory's metrics.csv. Per task the results file holds: final and best
-evaluation return (mean and spread over seeds), actor steps and wall time to fixed
-fractions of the published D4PG score, and that score with its source.
+Each (task, seed) is one `python -m launch.cli launch d4pg` (local backend, 2 actors, the
+default preset, nothing tuned) for 200k actor steps, evaluated with 10 noise-free episodes
+every 10k actor steps, read back from its run directory's metrics.csv. Per task the
+results file sets our mean return at 50k, 100k, 200k (and 500k where run) beside the
+published state-feature curves of D4PG, DDPG, MPO, DMPO and DreamerV3 at the same steps
+(`launch/references.py`), with actor steps and wall time to the D4PG reference's return
+(medians over all seeds, censored), the wall time per run and collapses.
 
     python benchmarks/agents_learning_suite.py                       # everything (hours)
     python benchmarks/agents_learning_suite.py --tasks cartpole:swingup --seeds 0
+    python benchmarks/agents_learning_suite.py --seeds 1 &  # a second stream, same file
+    python benchmarks/agents_learning_suite.py --tasks cheetah:run --steps 500000 \
+        --results benchmarks/results/agents_learning_suite_500k.json  # where it plateaus
+    python benchmarks/agents_learning_suite.py --launch-flag=--config.n_step=3 \
+        --results /tmp/suite_n3.json                                  # a candidate setting
     python benchmarks/agents_learning_suite.py --budget-scale 0.01   # smoke test
 
-Runs merge into benchmarks/results/agents_learning_suite.json (keyed by task and seed),
-so the suite can be completed over several sittings; a (task, seed) already there is
-rerun only with --rerun. The summary is recomputed from every stored run each time.
+Runs merge into the results file (keyed by task and seed; default
+benchmarks/results/agents_learning_suite.json), under a lock, so the suite can be done
+over several sittings or by two processes at once; a (task, seed) already there is rerun
+only with --rerun. The summary is recomputed from every stored run each time.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import math
 import os
 import subprocess
 import sys
@@ -28,7 +38,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from launch import d4pg_program  # noqa: E402
+from launch import d4pg_program, references  # noqa: E402
 from launch.metrics import read_csv  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "agents_learning_suite.json")
@@ -39,33 +49,17 @@ BUDGETS = {
     "cartpole:swingup": 200_000,
     "walker:walk": 200_000,
     "cheetah:run": 200_000,
-    "finger:spin": 150_000,
-    "reacher:easy": 150_000,
-    "ball_in_cup:catch": 150_000,
+    "finger:spin": 200_000,
+    "reacher:easy": 200_000,
+    "ball_in_cup:catch": 200_000,
 }
-FRACTIONS = (0.5, 0.8, 0.9)
+# Every evaluation of a suite run: 10 episodes every 10k actor steps, so that each
+# reference point (50k, 100k, 150k, 200k, ...) has an evaluation of its own.
+EVAL_EPISODES = 10
+EVAL_EVERY_STEPS = 10_000
 OWN_LOAD = 4.0  # 1-minute load average a 2-actor launch keeps up on its own.
-
-# D4PG after 1e8 environment steps as reported in the DeepMind Control Suite report
-# (Tassa et al. 2018) and tabulated in PlaNet (Hafner et al. 2019, Table 1, row
-# "D4PG (100M steps)"), which is D4PG learning FROM PIXELS; the features agent is at
-# least as good on these tasks. The numbers were transcribed from memory: neither paper's
-# table could be read from this machine (no internet; the stored copies hold only their
-# first pages), so check them against the table before quoting them.
-PUBLISHED = {
-    "cartpole:swingup": 862.0,
-    "reacher:easy": 967.0,
-    "cheetah:run": 524.0,
-    "finger:spin": 985.0,
-    "ball_in_cup:catch": 980.0,
-    "walker:walk": 968.0,
-}
-PUBLISHED_SOURCE = (
-    "D4PG from pixels after 1e8 environment steps: Tassa et al. 2018 (DeepMind Control "
-    "Suite), as tabulated by Hafner et al. 2019 (PlaNet, Table 1, 'D4PG (100M steps)'). "
-    "Transcribed from memory: the tables could not be read from the build machine, so "
-    "check them before quoting them."
-)
+# Actor steps at which runs are set beside the references (those a run reached).
+REPORT_STEPS = (50_000, 100_000, 200_000, 500_000)
 
 
 def run_one(task: str, seed: int, steps: int, timeout_s: float, keep: bool, extra_flags=()) -> dict:
@@ -172,35 +166,141 @@ def first_reaching(curve: list, target: float) -> dict | None:
     return None
 
 
-def summarise(runs: dict) -> dict:
-    """Per task: final/best return over seeds, steps/time to fractions, published figure.
+def evaluation_at(curve: list, at_steps: int) -> list | None:
+    """The evaluation of `curve` nearest to `at_steps` actor steps, or None if none is near.
 
-    The fractions are recomputed from each run's stored evaluation curve, so correcting a
-    published figure updates the summary without rerunning anything.
+    An evaluation is due when the actors pass a multiple of the evaluation period, and
+    its row records the actor steps when it was written, after its episodes (1-2k more
+    at 10 episodes). Runs made before evaluations kept to that grid drifted by about
+    1k steps per evaluation, so the nearest within one period is taken, and the summary
+    keeps the mean actor steps of the evaluations it used.
+    """
+    if not curve:
+        return None
+    nearest = min(curve, key=lambda point: abs(point[0] - at_steps))
+    return nearest if abs(nearest[0] - at_steps) <= EVAL_EVERY_STEPS else None
+
+
+def censored_median(values: list[float | None]) -> float | None:
+    """The median over every seed, a seed that never got there (None) counting as +inf.
+
+    None when the median falls on a seed that never got there: it is then only known to
+    lie beyond the budget, and tables say so with the number of seeds that got there.
+    """
+    ordered = sorted(math.inf if v is None else v for v in values)
+    if not ordered:
+        return None
+    n = len(ordered)
+    middle = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+    return None if math.isinf(middle) else middle
+
+
+def collapses(curve: list) -> int:
+    """Evaluations after a run's best that fall below half of it (0: no collapse)."""
+    if not curve:
+        return 0
+    returns = [point[2] for point in curve]
+    best_index = max(range(len(returns)), key=returns.__getitem__)
+    return sum(r < 0.5 * returns[best_index] for r in returns[best_index + 1 :])
+
+
+def summarise(runs: dict) -> dict:
+    """Per task: our mean return at each reported step next to the references there.
+
+    For every point of `REPORT_STEPS` that every seed reached: the mean (and spread)
+    over seeds of the evaluation at that point, each reference method's mean and the
+    best of them. Then actor steps and wall time to the D4PG reference's return at 100k
+    and 200k steps, as medians over all seeds (censored: a seed that never got there
+    counts as never), the runs' wall time, and collapses. All of it is recomputed from
+    the stored curves, so a corrected reference file updates it without a rerun.
     """
     summary = {}
     for task, by_seed in sorted(runs.items()):
         seeds = list(by_seed.values())
-        published = PUBLISHED.get(task)
-        fractions = {}
-        for fraction in FRACTIONS if published is not None else ():
-            hits = [first_reaching(s["curve"], fraction * published) for s in seeds]
-            reached = [h for h in hits if h]
-            fractions[str(fraction)] = {
-                "seeds_reached": len(reached),
-                "actor_steps": _mean_spread([h["actor_steps"] for h in reached]),
-                "wall_time_s": _mean_spread([h["wall_time_s"] for h in reached]),
+        points = {}
+        for at in REPORT_STEPS:
+            found = [evaluation_at(s["curve"], at) for s in seeds]
+            if not found or any(f is None for f in found):
+                continue
+            best = references.best_at(task, at)
+            points[str(at)] = {
+                "ours": _mean_spread([f[2] for f in found]),
+                "actor_steps": _mean_spread([f[0] for f in found]),
+                "wall_time_s": _mean_spread([f[1] for f in found]),
+                "references": {m: references.mean_at(m, task, at) for m in references.methods()},
+                "best_reference": {"method": best[0], "mean": best[1]} if best else None,
+            }
+        thresholds = {}
+        for at in (100_000, 200_000):
+            target = references.mean_at("d4pg", task, at)
+            if target is None:
+                continue
+            hits = [first_reaching(s["curve"], target) for s in seeds]
+            thresholds[str(at)] = {
+                "target_return": target,
+                "seeds_reached": sum(h is not None for h in hits),
+                "seeds": len(hits),
+                "median_actor_steps": censored_median([h and h["actor_steps"] for h in hits]),
+                "median_wall_time_s": censored_median([h and h["wall_time_s"] for h in hits]),
             }
         summary[task] = {
             "seeds": sorted(int(s) for s in by_seed),
-            "budget_actor_steps": max(s["actor_steps"] for s in seeds),
+            "budget_actor_steps": min(s["actor_steps"] for s in seeds),
+            "at_steps": points,
+            "to_d4pg_reference_return_at": thresholds,
             "final_eval_return": _mean_spread([s["final_eval_return"] for s in seeds]),
             "best_eval_return": _mean_spread([s["best_eval_return"] for s in seeds]),
-            "to_fraction_of_published": fractions,
-            "published_d4pg": PUBLISHED.get(task),
+            "wall_s": _mean_spread([s["wall_s"] for s in seeds]),
+            "runs_collapsed": sum(collapses(s["curve"]) > 0 for s in seeds),
+            "evaluations_below_half_of_best": sum(collapses(s["curve"]) for s in seeds),
             "noisy": any(s["noisy"] for s in seeds),
         }
     return summary
+
+
+def load_runs(path: str) -> dict:
+    """The runs stored in `path` ({} when there is none yet), keyed by task then seed."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("runs", {})
+
+
+def store_run(path: str, task: str | None, seed: int | None, result: dict | None) -> None:
+    """Merges one run into `path` (none: task None) and rewrites its summary, under a lock.
+
+    Two suites may share a results file (e.g. one per seed on two cores): each re-reads
+    the file under the lock, so neither overwrites the other's runs; the file is replaced
+    by rename, so a stop mid-write never leaves it cut.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        runs = load_runs(path)
+        if task is not None:
+            runs.setdefault(task, {})[str(seed)] = result
+        output = {
+            "description": "D4PG defaults (launch d4pg, local backend, 2 actors) on six "
+            "control-suite tasks from state features, against published state-feature "
+            "curves at equal environment steps",
+            "references_source": references.SOURCE,
+            "budgets": BUDGETS,
+            "eval_episodes": EVAL_EPISODES,
+            "eval_every_steps": EVAL_EVERY_STEPS,
+            "cpu_count": os.cpu_count(),
+            # Each run's own launch keeps ~4 busy; "noisy" in a run says whether
+            # another job ran too.
+            "max_load_average": max(
+                r["load_average_before"][0] for by_seed in runs.values() for r in by_seed.values()
+            ),
+            "summary": summarise(runs),
+            "runs": runs,
+        }
+        temporary = path + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(output, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(temporary, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,12 +308,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", default=",".join(BUDGETS), help="comma-separated tasks")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument(
+        "--steps", type=int, default=None, help="actor steps per run (default: BUDGETS)"
+    )
+    parser.add_argument(
         "--budget-scale", type=float, default=1.0, help="multiply every budget (smoke tests)"
     )
     parser.add_argument("--timeout-minutes", type=float, default=120.0, help="per run")
     parser.add_argument("--rerun", action="store_true", help="redo runs already stored")
+    parser.add_argument(
+        "--summarise-only",
+        action="store_true",
+        help="recompute the results file's summary from its stored runs, run nothing",
+    )
     parser.add_argument("--keep-run-dirs", action="store_true")
     parser.add_argument("--results", default=RESULTS, help="results JSON to merge into")
+    parser.add_argument(
+        "--launch-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for every launch, e.g. --launch-flag=--config.n_step=3 (repeatable;"
+        " use a separate --results file per setting)",
+    )
     args = parser.parse_args(argv)
 
     tasks = [t for t in args.tasks.split(",") if t]
@@ -225,47 +341,41 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:
         parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
 
-    stored = {}
-    if os.path.exists(args.results):
-        with open(args.results, encoding="utf-8") as f:
-            stored = json.load(f)
-    runs = stored.get("runs", {})
-    for task in tasks:
-        budget = max(1000, int(BUDGETS[task] * args.budget_scale))
-        for seed in seeds:
-            if str(seed) in runs.get(task, {}) and not args.rerun:
+    if args.summarise_only:
+        store_run(args.results, None, None, None)
+        print(f"results: {args.results}")
+        return
+    flags = [
+        "--eval-episodes",
+        str(EVAL_EPISODES),
+        "--eval-every-steps",
+        str(EVAL_EVERY_STEPS),
+        *args.launch_flag,
+    ]
+    # Seed-major order: an interrupted suite still has every task at the seeds it did.
+    for seed in seeds:
+        for task in tasks:
+            budget = max(1000, int((args.steps or BUDGETS[task]) * args.budget_scale))
+            if str(seed) in load_runs(args.results).get(task, {}) and not args.rerun:
                 print(f"{task} seed {seed}: stored, skipped (--rerun to redo)")
                 continue
             print(f"{task} seed {seed}: {budget:,} actor steps ...", flush=True)
-            result = run_one(task, seed, budget, args.timeout_minutes * 60, args.keep_run_dirs)
+            # Half an evaluation period past the budget, so that the evaluation due at
+            # the budget runs before the launch stops.
+            steps = budget + EVAL_EVERY_STEPS // 2
+            result = run_one(
+                task, seed, steps, args.timeout_minutes * 60, args.keep_run_dirs, flags
+            )
+            result["budget_actor_steps"] = budget
             result["budget_scale"] = args.budget_scale
-            runs.setdefault(task, {})[str(seed)] = result
+            result["eval_episodes"] = EVAL_EPISODES
+            result["launch_flags"] = list(args.launch_flag)
+            store_run(args.results, task, seed, result)
             print(
                 f"  final {result['final_eval_return']}, best {result['best_eval_return']}, "
                 f"{result['wall_s']:.0f}s{' (noisy)' if result['noisy'] else ''}",
                 flush=True,
             )
-            output = {
-                "description": "D4PG defaults (launch d4pg, local backend, 2 actors) on "
-                "six control-suite tasks from features",
-                "published_source": PUBLISHED_SOURCE,
-                "fractions_of_published": list(FRACTIONS),
-                "budgets": BUDGETS,
-                "cpu_count": os.cpu_count(),
-                # Each run's own launch keeps ~4 busy; "noisy" in a run says whether
-                # another job ran too.
-                "max_load_average": max(
-                    r["load_average_before"][0]
-                    for by_seed in runs.values()
-                    for r in by_seed.values()
-                ),
-                "summary": summarise(runs),
-                "runs": runs,
-            }
-            os.makedirs(os.path.dirname(args.results), exist_ok=True)
-            with open(args.results, "w", encoding="utf-8") as f:
-                json.dump(output, f, indent=2, sort_keys=True)
-                f.write("\n")
     print(f"results: {args.results}")
 
 

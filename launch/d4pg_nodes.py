@@ -410,6 +410,21 @@ def _batched_actor(
         ctx.gauge(**{version_key: agent.weights_version})
 
 
+def evaluation_due(steps: int, steps_at_last: int | None, every_steps: int) -> bool:
+    """Whether an evaluation is due at `steps` actor steps, the last one at `steps_at_last`.
+
+    Due once per multiple of `every_steps` passed (and at the first look): evaluations
+    stay on the grid 0, P, 2P, ... however long each takes, so runs and seeds are compared
+    at the same actor steps. Counting P from the last evaluation instead drifts by the
+    steps taken while it ran (a 10-episode evaluation every 10k steps ended at 192k, not
+    200k, after 20). A replay restarted without its counters (`steps` below the last)
+    makes one due at once.
+    """
+    if steps_at_last is None or steps < steps_at_last:
+        return True
+    return steps // every_steps > steps_at_last // every_steps
+
+
 def evaluator(
     ctx,
     *,
@@ -454,12 +469,7 @@ def evaluator(
     while not ctx.should_stop():
         try:
             steps = actor_steps() if every_steps else None
-            due = (
-                not every_steps
-                or steps_at_eval is None
-                or steps < steps_at_eval  # The replay restarted without its counters.
-                or steps - steps_at_eval >= every_steps
-            )
+            due = not every_steps or evaluation_due(steps, steps_at_eval, every_steps)
             if due:
                 agent.update(wait=True)
             if due and agent.weights_version != evaluated:

@@ -294,3 +294,23 @@ def test_evaluation_schedule_flags(tmp_path, capsys):
     assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--keep-snapshots", "0"]) == 2
     assert "--keep-snapshots must be at least 1" in _error(capsys)
     assert not os.path.exists(run_dir)
+
+
+def test_evaluations_stay_on_the_grid_of_their_period():
+    from launch.d4pg_nodes import evaluation_due
+
+    # The evaluator looks every 600 actor steps, and an evaluation takes 1.2k steps of
+    # looking away. Each of the 20 is due at the first look past its multiple of 10k:
+    # none drifts by the steps the previous ones took (counted from the last, the 20th
+    # would be due at 204k).
+    last, due_at, steps = None, [], 0
+    while steps < 205_000:
+        if evaluation_due(steps, last, 10_000):
+            due_at.append(steps)
+            last = steps
+            steps += 1_200
+        steps += 600
+    assert [d // 10_000 for d in due_at] == list(range(21))
+    assert all(d % 10_000 < 600 for d in due_at)
+    # A replay restarted without its counters: due at once.
+    assert evaluation_due(500, 190_000, 10_000)
