@@ -299,6 +299,8 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, metavar="DIR", help="a new directory")
     export.set_defaults(func=_export)
 
+    from launch import references  # pylint: disable=import-outside-toplevel
+
     plot = commands.add_parser(
         "plot",
         help="plot runs (mean and 95%% band over seeds) vs actor steps and wall time",
@@ -322,6 +324,15 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     )
     plot.add_argument(
         "--out", default=None, help="PNG path (default: RUN_DIR/METRIC.png, or ./METRIC.png)"
+    )
+    plot.add_argument(
+        "--reference",
+        default=None,
+        metavar="METHOD[,METHOD...]|all",
+        help="also draw these agents' published eval_return curves on the task, from state "
+        "features, dashed on the actor-steps panel: "
+        f"{', '.join(references.METHOD_NAMES)} or all (source: launch/data/"
+        "dmc_proprio_baselines.json)",
     )
     plot.set_defaults(func=_plot)
 
@@ -745,7 +756,13 @@ def _plot(args) -> int:
 
     runs = list(args.runs) + ([args.run_dir] if args.run_dir else [])
     print(
-        plot.plot(runs, args.out, metric=args.metric, group_by=plot.parse_group_by(args.group_by))
+        plot.plot(
+            runs,
+            args.out,
+            metric=args.metric,
+            group_by=plot.parse_group_by(args.group_by),
+            reference=plot.parse_references(args.reference),
+        )
     )
     return 0
 

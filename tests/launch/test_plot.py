@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from launch import cli, plot
+from launch import cli, plot, references
 from launch.metrics import CSV_COLUMNS
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,10 +23,19 @@ RETURNS = {  # Per seed: eval_return at STEPS.
 LOSSES = {0: [5.0, 4.0, 3.0, 2.0], 1: [6.0, 4.5, 3.5, 1.0], 2: [4.0, 3.5, 2.0, 1.5]}
 
 
-def _make_run(root, name, seed, task="cartpole:swingup", sigma=0.3, steps=STEPS, returns=None):
+def _make_run(
+    root,
+    name,
+    seed,
+    task="cartpole:swingup",
+    sigma=0.3,
+    steps=STEPS,
+    returns=None,
+    from_pixels=False,
+):
     run = os.path.join(root, name)
     os.makedirs(run)
-    config = {"seed": seed, "sigma": sigma, "batch_size": 64}
+    config = {"seed": seed, "sigma": sigma, "batch_size": 64, "from_pixels": from_pixels}
     with open(os.path.join(run, "run.json"), "w") as f:
         json.dump({"program": "d4pg", "task": task, "config": config}, f)
     returns = returns or RETURNS[seed]
@@ -140,3 +149,122 @@ def test_bad_plot_input(tmp_path, capsys):
     assert "no 'nope' values" in _error(capsys)
     assert cli.main(["plot", str(tmp_path / "missing")]) == 2
     assert "does not exist" in _error(capsys)
+
+
+# Runs long enough to meet the references (which start at 50k environment steps).
+LONG_STEPS = [0, 40_000, 80_000, 120_000]
+
+
+def _published(method, task, up_to):
+    """(steps, mean, min, max) columns read straight from the shipped file, steps <= up_to."""
+    with open(references.PATH, encoding="utf-8") as f:
+        points = json.load(f)["methods"][method][task]
+    rows = sorted((int(s), p["mean"], p["min"], p["max"]) for s, p in points.items() if p)
+    return [list(c) for c in zip(*(r for r in rows if r[0] <= up_to))]
+
+
+def _reference_curves(path):
+    return [c for c in plot.read_png_data(path) if "reference" in c]
+
+
+def test_reference_curves_are_the_published_ones_up_to_the_next_step_past_the_runs(
+    tmp_path, capsys
+):
+    runs = [
+        _make_run(str(tmp_path), f"seed{s}", s, task="walker:walk", steps=LONG_STEPS)
+        for s in (0, 1, 2)
+    ]
+    for asked in (["mpo"], ["d4pg", "mpo"]):
+        out = str(tmp_path / f"{'-'.join(asked)}.png")
+        assert cli.main(["plot", *runs, "--reference", ",".join(asked), "--out", out]) == 0
+        assert capsys.readouterr().err == ""  # Nothing left out, nothing to say.
+        curves = _reference_curves(out)
+        assert [c["reference"] for c in curves] == asked
+        for curve, method in zip(curves, asked):
+            # Runs end at 120k: the reference stops at 150k, the first reference step past.
+            steps, mean, low, high = _published(method, "walker:walk", 150_000)
+            assert steps == [50_000, 100_000, 150_000]
+            assert curve["axis"] == "actor_steps" and curve["task"] == "walker:walk"
+            name = references.METHOD_NAMES[method]
+            assert curve["group"] == f"{name} (published, state features)"
+            np.testing.assert_allclose(curve["x"], steps)
+            np.testing.assert_allclose(curve["mean"], mean)
+            if len(asked) == 1:  # One method: its min-max band; several: means only.
+                np.testing.assert_allclose(curve["low"], low)
+                np.testing.assert_allclose(curve["high"], high)
+            else:
+                assert "low" not in curve
+    # The runs' own curves are unchanged, and the source is cited on the figure.
+    mean, _, _ = _hand([RETURNS[s] for s in (0, 1, 2)])
+    own = [c for c in plot.read_png_data(out) if "reference" not in c]
+    assert {c["axis"] for c in own} == {"actor_steps", "wall_time_s"}
+    steps_panel = next(c["panel"] for c in own if c["axis"] == "actor_steps")
+    assert {c["panel"] for c in curves} == {steps_panel}  # Beside the runs' steps curve.
+    np.testing.assert_allclose(own[0]["mean"], mean)
+    assert any(references.SOURCE_SHORT in note for note in plot.read_png_notes(out))
+
+
+def test_reference_all_and_its_limit(tmp_path):
+    assert plot.reference_limit(3_000) == 50_000
+    assert plot.reference_limit(150_000) == 150_000
+    assert plot.reference_limit(150_001) == 200_000
+    assert plot.reference_limit(2_000_000) == 500_000
+    run = _make_run(str(tmp_path), "long", 0, steps=[0, 100_000, 400_000, 900_000])
+    out = str(tmp_path / "all.png")
+    assert cli.main(["plot", run, "--reference", "all", "--out", out]) == 0
+    curves = {c["reference"]: c for c in _reference_curves(out)}
+    assert list(curves) == references.methods()
+    for method, curve in curves.items():
+        steps, mean, _, _ = _published(method, "cartpole:swingup", 500_000)
+        np.testing.assert_allclose(curve["x"], steps)
+        np.testing.assert_allclose(curve["mean"], mean)
+    # DreamerV3's published curve stops before 500k: that point is left out, not invented.
+    assert curves["dreamerv3"]["x"][-1] == 300_000
+
+
+def test_references_of_several_tasks_follow_each_task(tmp_path, capsys):
+    walker = _make_run(str(tmp_path), "w", 0, task="walker:walk", steps=LONG_STEPS)
+    cheetah = _make_run(str(tmp_path), "c", 1, task="cheetah:run", steps=[0, 1, 2, 60_000])
+    pixels = _make_run(str(tmp_path), "p", 2, task="finger:spin", from_pixels=True)
+    out = str(tmp_path / "tasks.png")
+    args = ["plot", walker, cheetah, pixels, "--group-by", "task", "--reference", "d4pg"]
+    assert cli.main([*args, "--out", out]) == 0
+    assert "pixel runs of finger:spin" in _error(capsys)
+    curves = {c["task"]: c for c in _reference_curves(out)}
+    assert set(curves) == {"walker:walk", "cheetah:run"}  # Not finger:spin: pixels only.
+    for task, up_to in (("walker:walk", 150_000), ("cheetah:run", 100_000)):
+        steps, mean, _, _ = _published("d4pg", task, up_to)
+        assert curves[task]["group"] == f"D4PG on {task} (published, state features)"
+        np.testing.assert_allclose(curves[task]["x"], steps)
+        np.testing.assert_allclose(curves[task]["mean"], mean)
+
+
+def test_bad_reference_name_is_one_usage_error(tmp_path, capsys):
+    run = _make_run(str(tmp_path), "a", 0)
+    assert cli.main(["plot", run, "--reference", "d4pg,sac"]) == 2
+    err = _error(capsys)
+    assert "--reference sac" in err and "d4pg, ddpg, mpo, dmpo, dreamerv3" in err
+    assert not os.path.exists(os.path.join(run, "eval_return.png"))
+
+
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("pixels", "pixel runs of walker:walk (from_pixels=true)"),
+        ("task", "not drawn for hopper:hop: the reference file has curves for"),
+        ("metric", "only for eval_return, not critic_loss"),
+    ],
+)
+def test_reference_left_out_says_why_and_still_plots_the_runs(tmp_path, capsys, kind, expected):
+    task = "hopper:hop" if kind == "task" else "walker:walk"
+    run = _make_run(
+        str(tmp_path), "a", 0, task=task, steps=LONG_STEPS, from_pixels=kind == "pixels"
+    )
+    metric = "critic_loss" if kind == "metric" else "eval_return"
+    out = str(tmp_path / "x.png")
+    assert cli.main(["plot", run, "--reference", "all", "--metric", metric, "--out", out]) == 0
+    assert expected in _error(capsys)
+    data = plot.read_png_data(out)
+    assert _reference_curves(out) == []
+    assert {c["axis"] for c in data} == {"actor_steps", "wall_time_s"}
+    assert plot.read_png_notes(out) == []
