@@ -6,7 +6,7 @@ import reverb
 import tensorflow as tf
 
 import environments
-from agents.d4pg import builder, networks
+from agents.d4pg import builder, networks, variables
 from agents.d4pg.acting import BatchedD4PGActor, D4PGActor
 from agents.d4pg.adders import NStepTransitionAdder
 from agents.d4pg.config import D4PGConfig
@@ -155,6 +155,51 @@ def test_batched_actor_noise_and_weight_pulls_by_total_steps():
     for _ in range(10):  # 40 environment steps: a pull every 10 steps over all four.
         actor.update()
     assert source.pulls == 3  # At 12, 24, 36 steps (each call adds 4).
+
+
+def test_batched_actor_acts_with_the_weights_it_pulls():
+    """Weights published to the "params" table, pulled by the builder's batched actor."""
+    config = D4PGConfig.from_overrides(
+        {
+            "policy_layers": "16,8",
+            "sigma": 0.0,  # Deterministic actions: the policy's own.
+            "variable_update_period": 6,
+            "min_replay_size": 1,
+            "samples_per_insert": 0,
+        }
+    )
+    spec = environments.make_environment_spec(environments.make(TASK, seed=0))
+    server = builder.make_replay_server(config, spec)
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        actor = builder.make_batched_actor(
+            config, spec, f"localhost:{server.port}", seed=0, num_envs=K
+        )
+        nets = networks.make_networks(config, spec)
+        observations = np.random.default_rng(0).normal(0, 1, (K,) + spec.observations.shape)
+        observations = observations.astype(np.float32)
+        versions, want = {}, {}
+        for version, seed in ((7, 1), (8, 2)):  # Two weight sets, far from the initialisation.
+            rng = np.random.default_rng(seed)
+            for v in nets.acting_variables():
+                v.assign(rng.normal(0.0, 0.5, v.shape).astype(np.float32))
+            versions[version] = [v.numpy() for v in nets.acting_variables()]
+            want[version] = nets.policy(nets.torso(tf.constant(observations))).numpy()
+        assert not np.allclose(want[7], want[8], atol=1e-2)
+
+        variables.publish(client, 7, versions[7])
+        actor.update(wait=True)
+        assert actor.weights_version == 7
+        np.testing.assert_allclose(actor.select_actions(observations), want[7], atol=1e-5)
+        variables.publish(client, 8, versions[8])
+        actor.update()  # K = 3 of the 6 steps between pulls: not due.
+        assert actor.weights_version == 7
+        np.testing.assert_allclose(actor.select_actions(observations), want[7], atol=1e-5)
+        actor.update()  # 6 steps: pulls, and acts with the new weights.
+        assert actor.weights_version == 8
+        np.testing.assert_allclose(actor.select_actions(observations), want[8], atol=1e-5)
+    finally:
+        server.stop()
 
 
 def test_long_chunks_write_the_same_items():

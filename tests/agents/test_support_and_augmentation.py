@@ -1,4 +1,5 @@
-"""Value support rule and its warning; random-shift augmentation against numpy."""
+"""Value support rule and its warning; random-shift augmentation against numpy and in the
+learner's update."""
 
 import logging
 
@@ -123,6 +124,79 @@ def test_random_shift_equals_pad_then_crop():
     np.testing.assert_array_equal(shifted.numpy(), _numpy_shift(images, offsets, 3))
     centred = augmentation.random_shift(tf.constant(images), tf.fill([6, 2], 3), pad=3)
     np.testing.assert_array_equal(centred.numpy(), images)  # Offset pad = no shift.
+
+
+def _offsets_of(shifted, originals, pad):
+    """Per image, the one crop offset that shifts its original onto it (None: no offset)."""
+    found = []
+    for image, original in zip(shifted, originals):
+        matches = [
+            (row, col)
+            for row in range(2 * pad + 1)
+            for col in range(2 * pad + 1)
+            if np.array_equal(_numpy_shift(original[None], [(row, col)], pad)[0], image)
+        ]
+        found.append(matches[0] if len(matches) == 1 else None)
+    return found
+
+
+@pytest.mark.parametrize("random_shift", [True, False])
+def test_the_learner_computes_its_losses_on_shifted_copies_of_the_batch(random_shift):
+    """The images the update's losses see (XLA, as users run it), recorded inside the step."""
+    pad, rows = 2, 16
+    spec = EnvironmentSpec(
+        observations=specs.Array((12, 12, 3), np.uint8),
+        actions=specs.BoundedArray((1,), np.float32, -1.0, 1.0),
+        rewards=specs.BoundedArray((), np.float32, 0.0, 1.0),
+        discounts=specs.BoundedArray((), np.float32, 0.0, 1.0),
+    )
+    config = _small(
+        from_pixels=True,
+        random_shift=random_shift,
+        random_shift_pad=pad,
+        conv_channels="4",
+        conv_kernels="3",
+        conv_strides="2",
+        torso_output_size=6,
+        jit_compile=True,
+    )
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (2, rows, 12, 12, 3)).astype(np.uint8)
+    data = Transition(
+        frames[0],
+        rng.uniform(-1, 1, (rows, 1)).astype(np.float32),
+        np.ones(rows, np.float32),
+        np.full(rows, 0.95, np.float32),
+        frames[1],
+    )
+    learner = D4PGLearner(
+        config,
+        spec,
+        replication.make("cpu"),
+        lambda ctx: tf.data.Dataset.from_tensors(data).repeat(),
+    )
+    seen = [tf.Variable(tf.zeros_like(frames[0])), tf.Variable(tf.zeros_like(frames[1]))]
+    compute = learner._compute  # Losses and gradients of the (augmented) batch.
+
+    def recording_compute(batch):
+        seen[0].assign(batch.observation)
+        seen[1].assign(batch.next_observation)
+        return compute(batch)
+
+    learner._compute = recording_compute  # Before the first step() traces the update.
+    offsets = []  # o_t and o_{t+m} of update 0, then of update 1.
+    for _ in range(2):
+        learner.step()
+        for recorded, original in zip(seen, (data.observation, data.next_observation)):
+            offsets.append(_offsets_of(recorded.numpy(), original, pad))
+    assert all(o is not None for update in offsets for o in update)  # Each is a shifted copy.
+    if not random_shift:
+        assert all(o == (pad, pad) for update in offsets for o in update)  # Unshifted.
+        return
+    obs_0, next_0, obs_1, _ = offsets
+    assert sum(o != (pad, pad) for o in obs_0) >= rows // 2  # Most images moved.
+    assert obs_0 != next_0  # o_t and o_{t+m} are shifted independently,
+    assert obs_0 != obs_1  # and anew at every update.
 
 
 def test_random_shift_defaults_on_for_pixels_only():
