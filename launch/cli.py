@@ -415,7 +415,10 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
     Flags not given take the run's stored values (`launch.run_settings`); `raw_args`
     is left as parsed, so the resolution can be repeated under the run dir's lock.
     """
-    from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
+    from agents.d4pg.config import (  # pylint: disable=import-outside-toplevel
+        SAVED_CONFIG_FALLBACKS,
+        D4PGConfig,
+    )
     from launch import d4pg_program, run_settings  # pylint: disable=import-outside-toplevel
     from launch.run_dir import RunDir  # pylint: disable=import-outside-toplevel
 
@@ -474,7 +477,7 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
 
     try:
         if saved is not None and saved.get("program") == "d4pg" and args.preset is None:
-            base = D4PGConfig.from_dict(saved.get("config", {}))  # Resume: the run's own settings.
+            base = D4PGConfig.from_saved(saved.get("config", {}))  # Resume: the run's own settings.
         else:
             base = D4PGConfig.from_overrides(d4pg_program.PRESETS[args.preset or "quick"])
         config = D4PGConfig.from_overrides(overrides, base=base)
@@ -500,7 +503,9 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
 
     run_dir = run_dir or RunDir(_default_run_dir(task))
     identity = d4pg_program.identity(task, config.to_dict())
-    resuming = run_dir.check_compatible(identity, ignore=d4pg_program.RESUMABLE_CONFIG_KEYS)
+    resuming = run_dir.check_compatible(
+        identity, ignore=d4pg_program.RESUMABLE_CONFIG_KEYS, fallbacks=SAVED_CONFIG_FALLBACKS
+    )
     if args.replay_port:
         _check_port_free(args.replay_port)
     settings = d4pg_program.D4PGProgramSettings(

@@ -33,6 +33,10 @@ from launch.program import Node, Program, Ref, Resources, RestartPolicy
 _NODES = "launch.d4pg_nodes"
 
 # Config keys that may change when a run is resumed (they do not shape checkpoints).
+# Left out on purpose although they do not shape checkpoints either: the Acme options
+# `act_with_target_policy`, `short_transitions_from_first_state` (and `network_init`,
+# moot after step 0), whose effect is measured per run; one that switched halfway would
+# measure neither value (docs/d4pg.md, "Differences from Acme").
 RESUMABLE_CONFIG_KEYS = frozenset(
     {
         "sigma",

@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from launch.errors import LaunchError
@@ -73,13 +74,18 @@ class RunDir:
             ) from None
 
     def check_compatible(
-        self, identity: dict[str, Any], ignore: frozenset[str] = frozenset()
+        self,
+        identity: dict[str, Any],
+        ignore: frozenset[str] = frozenset(),
+        fallbacks: Mapping[str, Any] | None = None,
     ) -> bool:
         """Checks that this directory is new, empty, or made by the same run.
 
         Args:
           identity: ``{"program": ..., "task": ..., "config": {...}}`` of this launch.
           ignore: Config keys allowed to differ between launches (e.g. log intervals).
+          fallbacks: Values of config keys that the saved run predates (its config lacks
+            them): what that run did, compared as if it had been saved.
 
         Returns:
           True when resuming an existing run, False for a new run.
@@ -104,7 +110,8 @@ class RunDir:
                     f"{key}: the run has {existing.get(key)!r}, this launch asks for "
                     f"{identity.get(key)!r}"
                 )
-        old, new = existing.get("config", {}), identity.get("config", {})
+        old = {**(fallbacks or {}), **existing.get("config", {})}
+        new = identity.get("config", {})
         for key in sorted(set(old) | set(new)):
             if key in ignore:
                 continue

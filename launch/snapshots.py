@@ -25,15 +25,18 @@ def snapshot_root(run_dir: str) -> str:
 
 
 def save_for_run(run_dir: str, *, learner, config, env_spec, task: str, keep: int) -> str:
-    """Writes RUN/snapshots/step_N for the learner's current weights; keeps the `keep` newest.
+    """Writes RUN/snapshots/step_N of the learner's acting policy; keeps the `keep` newest.
 
-    Call it where the learner checkpoints, after `learner.save()` (and, with several
-    learner workers, on the chief only: it writes into the run directory).
+    The policy is the one actors and the evaluator act with (`learner.acting_weights()`:
+    the target policy with `act_with_target_policy`), so evaluating a snapshot evaluates
+    what the run's evaluator saw. Call it where the learner checkpoints, after
+    `learner.save()` (and, with several learner workers, on the chief only: it writes
+    into the run directory).
     """
     from agents.d4pg import snapshot  # pylint: disable=import-outside-toplevel
 
     root = snapshot_root(run_dir)
-    (weights,) = learner.get_variables(["policy"])
+    weights = learner.acting_weights()
     path = snapshot.write(
         snapshot.step_directory(root, learner.num_steps),
         config=config,
@@ -151,21 +154,27 @@ def export(run_dir: str, out: str, step: int | None = None) -> tuple[str, int]:
 
 
 def export_from_checkpoint(identity: dict[str, Any], checkpoint: str, out: str, step: int) -> str:
-    """Restores only the policy's variables of a learner checkpoint and writes a snapshot."""
+    """Restores only the policy's variables of a learner checkpoint and writes a snapshot.
+
+    The policy is the one the run acts with, as in `save_for_run`: the checkpoint's target
+    torso and policy with `act_with_target_policy`, else the online ones.
+    """
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     import environments  # pylint: disable=import-outside-toplevel
     from agents.d4pg import builder, snapshot  # pylint: disable=import-outside-toplevel
     from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
 
-    config = D4PGConfig.from_dict(identity["config"])
+    config = D4PGConfig.from_saved(identity["config"])
     env = builder.make_environment(config, identity["task"], seed=0)
     spec = environments.make_environment_spec(env)
     env.close()
     torso, policy = snapshot.build_policy(config, spec)
-    online = tf.Module()
-    online.torso, online.policy = torso, policy
-    status = tf.train.Checkpoint(online=online).restore(checkpoint)
+    acting = tf.Module()
+    acting.torso, acting.policy = torso, policy
+    # The learner checkpoints its network sets as "online" and "target" (`D4PGLearner`).
+    networks = "target" if config.act_with_target_policy else "online"
+    status = tf.train.Checkpoint(**{networks: acting}).restore(checkpoint)
     try:
         status.assert_existing_objects_matched()
     except AssertionError as e:
@@ -173,7 +182,7 @@ def export_from_checkpoint(identity: dict[str, Any], checkpoint: str, out: str, 
             f"the checkpoint {checkpoint} does not match the run's config: {str(e)[:200]}",
             exit_code=1,
         ) from None
-    status.expect_partial()  # Critic, targets and optimisers are not needed to act.
+    status.expect_partial()  # Critics, the other network set and optimisers: not to act.
     weights = [v.numpy() for v in torso.ordered_variables() + policy.ordered_variables()]
     return snapshot.write(
         out,

@@ -13,6 +13,16 @@ transitions of an episode have m < n (exact n-step semantics, no padding):
 At the end of an episode the final observation o_T is appended as one more step (with a
 zero action, reward and discount that no item references), the remaining items are
 created and the episode is flushed to the server.
+
+With `short_transitions_from_first_state` the adder also writes, as Acme's
+NStepTransitionAdder does, the transitions shorter than n that start at the episode's
+first state:
+
+    (o_0, a_0, r_0..r_{m-1}, d_0..d_{m-1}, o_m),   m = 1 .. min(n, T) - 1
+
+each as soon as o_m is appended (one item per step, like the items after them). An
+episode of length T then creates T + min(n, T) - 1 items instead of T, so the replay's
+items, the rate limiter's inserts and samples per insert count these too (as Acme's do).
 """
 
 from __future__ import annotations
@@ -46,6 +56,11 @@ class NStepTransitionAdder(core.Adder):
         writer logs a warning for every 10 items once 50 are pending, which under a
         blocking rate limiter filled actor logs with thousands of lines a minute at the
         former default of 64; 32 stays below 50 for n <= 10.
+      short_transitions_from_first_state: also write o_0 -> o_m for m < n (see the
+        module docstring). They stay within the bound: an episode starts with nothing
+        pending (ending the previous one waits for all its items) and creates at most one
+        item per step until its first check (at the first multiple of 8 steps above n),
+        so fewer than n + 8 are pending then, or 2n + 7 if the episode ends first.
 
     Example:
       adder = NStepTransitionAdder(reverb.Client("localhost:1234"), n_step=5, action_shape=(1,))
@@ -69,10 +84,12 @@ class NStepTransitionAdder(core.Adder):
         priority: float = 1.0,
         max_in_flight_items: int = 32,
         chunk_length: int | None = None,
+        short_transitions_from_first_state: bool = False,
     ):
         if n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
         self._n = n_step
+        self._short_start = short_transitions_from_first_state
         self._table = table
         self._priority = float(priority)
         self._max_in_flight = max_in_flight_items
@@ -126,6 +143,9 @@ class NStepTransitionAdder(core.Adder):
             self._create_item(self._n)
             if self._steps % _FLUSH_EVERY == 0:  # The bound needs no per-step check.
                 self._cpp.Flush(self._max_in_flight, -1)
+        elif self._short_start and self._steps > 1:
+            # o_0 -> o_m, m = steps - 1 < n: the newest appended step holds o_m.
+            self._create_item(self._steps - 1)
         if next_timestep.last():
             self._finish_episode()
 

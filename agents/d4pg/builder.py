@@ -102,6 +102,16 @@ def _make_policy(config: D4PGConfig, env_spec) -> NumpyPolicy:
     )
 
 
+def _make_adder(config: D4PGConfig, env_spec, client: reverb.Client) -> NStepTransitionAdder:
+    return NStepTransitionAdder(
+        client,
+        config.n_step,
+        action_shape=env_spec.actions.shape,
+        chunk_length=ACTOR_CHUNK_LENGTH,
+        short_transitions_from_first_state=config.short_transitions_from_first_state,
+    )
+
+
 def make_actor(
     config: D4PGConfig,
     env_spec,
@@ -112,6 +122,10 @@ def make_actor(
 ) -> D4PGActor:
     """An actor pulling weights every `variable_update_period` steps from `replay_address`.
 
+    The weights are what the learner publishes, `D4PGLearner.acting_weights()`: the
+    target policy with `config.act_with_target_policy` (Acme), else the online one. So
+    batched actors and the evaluator act with the same policy.
+
     Args:
       seed: seed of its exploration noise (give each actor its own).
       with_noise: add N(0, sigma^2) exploration noise (clipped to the action bounds).
@@ -120,12 +134,7 @@ def make_actor(
     client = reverb.Client(replay_address)
     adder = None
     if with_adder:
-        adder = NStepTransitionAdder(
-            client,
-            config.n_step,
-            action_shape=env_spec.actions.shape,
-            chunk_length=ACTOR_CHUNK_LENGTH,
-        )
+        adder = _make_adder(config, env_spec, client)
     return D4PGActor(
         policy=_make_policy(config, env_spec),
         action_spec=env_spec.actions,
@@ -144,15 +153,7 @@ def make_batched_actor(
     Weights are pulled every `variable_update_period` environment steps over all of them.
     """
     client = reverb.Client(replay_address)
-    adders = [
-        NStepTransitionAdder(
-            client,
-            config.n_step,
-            action_shape=env_spec.actions.shape,
-            chunk_length=ACTOR_CHUNK_LENGTH,
-        )
-        for _ in range(num_envs)
-    ]
+    adders = [_make_adder(config, env_spec, client) for _ in range(num_envs)]
     return BatchedD4PGActor(
         policy=_make_policy(config, env_spec),
         action_spec=env_spec.actions,

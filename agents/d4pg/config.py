@@ -15,6 +15,18 @@ from typing import Any
 PIXEL_ACTION_REPEAT: dict[str, int] = {"cartpole": 8, "finger": 2, "walker": 2}
 DEFAULT_PIXEL_ACTION_REPEAT = 4
 
+# Values of `D4PGConfig.network_init`: ours, and Acme's LayerNormMLP (see the docstring).
+NETWORK_INITS = ("lecun_uniform", "acme")
+
+# What a config saved before a key existed meant: the behaviour the runs that wrote it
+# had, which need not be today's default (defaults may change when measured). Used by
+# `D4PGConfig.from_saved`, e.g. to resume or export such a run.
+SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
+    "act_with_target_policy": False,
+    "network_init": "lecun_uniform",
+    "short_transitions_from_first_state": False,
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class D4PGConfig:
@@ -25,20 +37,36 @@ class D4PGConfig:
     resolved per task (see `value_support`, `resolved_frame_stack`,
     `resolved_action_repeat`, `resolved_random_shift`); explicit values always win.
 
-    Where the defaults come from. "Acme" is acme/agents/tf/d4pg (agent.py's config
-    and learning.py), the published implementation by the paper's authors, read for
-    this project; "paper" is Barth-Maron et al. 2018.
+    Where the defaults come from. "Acme" is acme/agents/tf/d4pg (agent.py,
+    agent_distributed.py, learning.py, networks.py), the published implementation by the
+    paper's authors, read for this project; "paper" is Barth-Maron et al. 2018.
       From Acme (and consistent with the paper where it states them): discount 0.99,
       n_step 5, batch_size 256, Adam with policy_lr = critic_lr = 1e-4, num_atoms 51,
       sigma 0.3, target_update_period 100 (periodic hard copy), max_replay_size 1e6,
-      min_replay_size 1000, samples_per_insert 32 (10% tolerance), and with Acme's
-      `clipping=True`: a global-norm clip of 40 per network (`max_gradient_norm`) and a
-      per-sample L2-norm clip of dQ/da at 1.0 (`dqda_clipping`; Acme's
-      `losses.dpg(..., dqda_clipping=1.0, clip_norm=True)`). Acme ties both clips to
-      one flag; here `dqda_clipping <= 0` turns the per-sample clip off on its own.
-      policy_layers (256, 256, 256) and critic_layers (512, 512, 256) with a first
-      LayerNorm+tanh layer: Acme's control-suite example networks.
-    Where this differs from Acme:
+      min_replay_size 1000, samples_per_insert 32 (10% tolerance), variable_update_period
+      1000, and with Acme's `clipping=True`: a global-norm clip of 40 per network
+      (`max_gradient_norm`) and a per-sample L2-norm clip of dQ/da at 1.0
+      (`dqda_clipping`; Acme's `losses.dpg(..., dqda_clipping=1.0, clip_norm=True)`).
+      policy_layers (256, 256, 256) and critic_layers (512, 512, 256), each a
+      Linear -> LayerNorm -> tanh layer then Linear -> elu layers: the shapes of Acme's
+      control-suite example networks (their initialisation is `network_init`).
+    Three Acme behaviours are options, off by default until measured (docs/d4pg.md):
+      act_with_target_policy: Acme's actors and evaluator act with the learner's target
+        policy (and target torso); ours act with the online one unless set. Acme value:
+        true.
+      network_init: Acme initialises every Linear of its LayerNormMLPs (policy and
+        critic, the first LayerNorm layer included) with VarianceScaling(0.333,
+        "fan_out", "uniform") and the policy head (NearZeroInitializedLinear) with
+        VarianceScaling(1e-4, "fan_in", "truncated_normal"); "lecun_uniform"
+        (ours) uses VarianceScaling(1.0, "fan_in", "uniform") and a uniform head of the
+        same scale. Both: zero biases, LayerNorm scale 1 and offset 0, critic head at
+        Sonnet's default (truncated normal, stddev 1/sqrt(fan_in); Acme's
+        DiscreteValuedHead passes no initialiser either). Acme value: "acme".
+      short_transitions_from_first_state: Acme's NStepTransitionAdder also writes
+        o_0 -> o_m for m = 1..n-1 at the start of every episode (n - 1 more items per
+        episode of length >= n); ours writes one item per step unless set. Both write
+        the short o_t -> o_T items at the episode's end. Acme value: true.
+    Where this differs from Acme, whatever the options:
       vmin/vmax: Acme uses a fixed [-150, 150] (right for rewards in [0, 1] per step,
       no action repeat, discount 0.99). Here the default follows the task's reward
       bounds, `action_repeat` and `discount` (`networks.value_support`), so that an
@@ -46,8 +74,19 @@ class D4PGConfig:
       The DPG is taken at o_t through the online torso (stop-gradient); Acme takes it
       at o_{t+m} through the target torso. Both are replay states; ours keeps the
       policy on the embedding the critic is trained on.
-      `publish_period`, `variable_update_period`, the conv torso, `random_shift` and
-      the pixel defaults are this project's choices (Acme's D4PG has no pixel setup).
+      Acme ties both clips to one flag; here `dqda_clipping <= 0` turns the per-sample
+      clip off on its own.
+      Weights reach actors through the Reverb "params" table, published every
+      `publish_period` updates and pulled synchronously every `variable_update_period`
+      steps; Acme's actors fetch the learner's current variables in the background on
+      the same period. The evaluator runs `eval_*` episodes when due (`launch`), not
+      back to back. Policy snapshots hold the policy the actors act with; Acme's
+      snapshotter saves the online policy. Before the first update Acme's target
+      networks hold their own initialisation; ours start as a copy of the online ones.
+      `publish_period`, `updates_per_call`, the conv torso (Sonnet's default
+      initialisers under either `network_init`), `random_shift` and the pixel defaults
+      are this project's choices (Acme's D4PG has no pixel setup). The full list, with
+      what is the same by construction, is in docs/d4pg.md.
 
     Pixel runs (`from_pixels=True`) default to `frame_stack` 3 (velocities need more
     than one frame), random-shift augmentation (pad 4, random crop; Kostrikov et al.
@@ -78,6 +117,9 @@ class D4PGConfig:
     conv_kernels: tuple[int, ...] = (3, 3, 3)
     conv_strides: tuple[int, ...] = (2, 1, 1)
     torso_output_size: int = 50
+    # Initialisers of the policy and critic MLPs and the policy head: one of
+    # `NETWORK_INITS` (see the docstring; "acme" is Acme's LayerNormMLP).
+    network_init: str = "lecun_uniform"
     # Optimisation.
     batch_size: int = 256  # Global batch: split evenly across the learner's replicas.
     policy_lr: float = 1e-4
@@ -102,10 +144,14 @@ class D4PGConfig:
     samples_per_insert_tolerance_rate: float = 0.1
     prefetch_size: int = 4
     max_in_flight_samples_per_worker: int = 512
+    # Also write the n-1 transitions o_0 -> o_m (m < n) of each episode, as Acme's adder.
+    short_transitions_from_first_state: bool = False
     # Acting.
     sigma: float = 0.3
     variable_update_period: int = 1000  # Actor pulls weights every K environment steps.
     publish_period: int = 10  # Learner publishes weights every K updates.
+    # Actors, evaluator and snapshots use the target policy (and torso), as Acme's do.
+    act_with_target_policy: bool = False
     # Environment.
     from_pixels: bool = False
     image_size: int = 84
@@ -164,6 +210,13 @@ class D4PGConfig:
             problems.append("conv_channels, conv_kernels and conv_strides must have equal lengths")
         if not self.policy_layers or not self.critic_layers:
             problems.append("policy_layers and critic_layers need at least one layer each")
+        if self.network_init not in NETWORK_INITS:
+            problems.append(
+                f"network_init must be one of {sorted(NETWORK_INITS)}, got {self.network_init!r}"
+            )
+        for name in ("act_with_target_policy", "short_transitions_from_first_state"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
         if problems:
             raise ValueError("Invalid D4PGConfig: " + "; ".join(problems))
 
@@ -209,6 +262,15 @@ class D4PGConfig:
         _check_known(cls, values)
         hints = typing.get_type_hints(cls)
         return cls(**{k: _coerce(k, v, hints[k]) for k, v in values.items()})
+
+    @classmethod
+    def from_saved(cls, values: Mapping[str, Any]) -> D4PGConfig:
+        """`from_dict` of a config a run saved, perhaps before some keys existed.
+
+        Keys it lacks that `SAVED_CONFIG_FALLBACKS` names take the behaviour that run had;
+        other missing keys take today's defaults.
+        """
+        return cls.from_dict({**SAVED_CONFIG_FALLBACKS, **values})
 
     @classmethod
     def from_json(cls, text: str) -> D4PGConfig:

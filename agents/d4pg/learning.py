@@ -125,7 +125,9 @@ class D4PGLearner(core.Learner):
         split evenly across its replicas.
       input_fn: `input_fn(ctx)` -> dataset of per-replica `Transition` batches (e.g.
         `reverb_input_fn`); tests pass fixed data.
-      replay_client: where `publish_variables()` writes weights (None: no publishing).
+      replay_client: where `publish_variables()` writes the acting weights (None: no
+        publishing); with `config.act_with_target_policy` these are the target policy's,
+        which changes every `target_update_period` updates.
       checkpoint_dir: where `save()` / `restore()` keep learner checkpoints.
     """
 
@@ -383,9 +385,11 @@ class D4PGLearner(core.Learner):
         return self._target
 
     def get_variables(self, names: Sequence[str]) -> list[list[np.ndarray]]:
-        """Groups: "policy" (acting variables, actor order), "critic", "target", "all"."""
+        """Groups: "policy" and "target_policy" (online / target torso and policy, in
+        actor order), "critic", "target" (every target variable), "all" (online)."""
         groups = {
             "policy": self._online.acting_variables,
+            "target_policy": self._target.acting_variables,
             "critic": self._online.critic_variables,
             "target": self._target.all_variables,
             "all": self._online.all_variables,
@@ -395,15 +399,20 @@ class D4PGLearner(core.Learner):
             raise ValueError(f"Unknown variable group(s) {unknown}; valid: {sorted(groups)}")
         return [[np.asarray(v.numpy()) for v in groups[n]()] for n in names]
 
+    def acting_weights(self) -> list[np.ndarray]:
+        """The policy actors, the evaluator and snapshots use, in actor order: the target
+        torso and policy with `config.act_with_target_policy` (Acme), else the online ones."""
+        group = "target_policy" if self._config.act_with_target_policy else "policy"
+        return self.get_variables([group])[0]
+
     def publish_variables(self) -> None:
-        """Writes the acting weights to the "params" table, tagged with `num_steps`."""
+        """Writes `acting_weights()` to the "params" table, tagged with `num_steps`."""
         if self._client is None:
             raise RuntimeError(
                 "This learner has no replay client to publish to "
                 "(construct it with replay_client=reverb.Client(address))."
             )
-        (weights,) = self.get_variables(["policy"])
-        variables.publish(self._client, self.num_steps, weights)
+        variables.publish(self._client, self.num_steps, self.acting_weights())
         self._published_at = self.num_steps
 
     def reconnect(self, replay_client: reverb.Client | None = None) -> None:

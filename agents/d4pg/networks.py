@@ -13,6 +13,10 @@ Three modules, shared by the learner (TensorFlow) and mirrored in numpy for acti
     (vmin, vmax) from `value_support` (the config's, or derived from the task).
 
 The torso is trained by the critic loss only; the policy sees a stop-gradient embedding.
+
+Initialisation (`config.network_init`, `initializers`): "lecun_uniform" or Acme's "acme"
+for the MLPs and the policy head; the critic head and the pixel torso keep Sonnet's
+defaults under both (the critic head as in Acme; Acme has no pixel torso).
 """
 
 from __future__ import annotations
@@ -28,23 +32,58 @@ import tensorflow as tf
 from agents.d4pg.config import D4PGConfig
 
 
-def _hidden_init() -> snt.initializers.Initializer:
-    return snt.initializers.VarianceScaling(1.0, "fan_in", "uniform")
+@dataclasses.dataclass(frozen=True)
+class Initializers:
+    """Weight initialisers of one `network_init` (biases are zero in every layer)."""
+
+    mlp: snt.initializers.Initializer  # Every Linear of the policy and critic MLPs.
+    policy_head: snt.initializers.Initializer  # Near zero: early actions are the noise.
+
+
+def initializers(config: D4PGConfig) -> Initializers:
+    """The initialisers `config.network_init` names.
+
+    "lecun_uniform": U(+-sqrt(3 / fan_in)) for the MLPs, and a policy head of
+    VarianceScaling(1e-4, "fan_in", "uniform").
+    "acme": as Acme's `LayerNormMLP` (acme/tf/networks/continuous.py), U(+-sqrt(3 * 0.333 /
+    fan_out)) for every Linear of the MLPs, the first (LayerNorm) layer included, and as
+    its `NearZeroInitializedLinear`, VarianceScaling(1e-4), i.e. fan_in, truncated normal.
+    """
+    if config.network_init == "acme":
+        return Initializers(
+            mlp=snt.initializers.VarianceScaling(0.333, "fan_out", "uniform"),
+            policy_head=snt.initializers.VarianceScaling(1e-4, "fan_in", "truncated_normal"),
+        )
+    return Initializers(
+        mlp=snt.initializers.VarianceScaling(1.0, "fan_in", "uniform"),
+        policy_head=snt.initializers.VarianceScaling(1e-4, "fan_in", "uniform"),
+    )
 
 
 class LayerNormMLP(snt.Module):
     """Linear -> LayerNorm -> tanh, then (Linear -> elu) for each further layer size.
 
     The first-layer normalisation keeps the scale of the input (any observation) from
-    dictating the scale of everything after it.
+    dictating the scale of everything after it. This is Acme's `LayerNormMLP` with
+    `activate_final=True`, as its D4PG networks use it.
+
+    Args:
+      layer_sizes: output size of each Linear.
+      w_init: initialiser of every Linear's weights (biases start at zero).
+      name: module name.
     """
 
-    def __init__(self, layer_sizes: Sequence[int], name: str | None = None):
+    def __init__(
+        self,
+        layer_sizes: Sequence[int],
+        w_init: snt.initializers.Initializer,
+        name: str | None = None,
+    ):
         super().__init__(name=name)
-        self.first = snt.Linear(layer_sizes[0], w_init=_hidden_init(), name="linear_0")
+        self.first = snt.Linear(layer_sizes[0], w_init=w_init, name="linear_0")
         self.norm = snt.LayerNorm(axis=-1, create_scale=True, create_offset=True, name="norm")
         self.rest = [
-            snt.Linear(size, w_init=_hidden_init(), name=f"linear_{i + 1}")
+            snt.Linear(size, w_init=w_init, name=f"linear_{i + 1}")
             for i, size in enumerate(layer_sizes[1:])
         ]
 
@@ -112,13 +151,10 @@ class Policy(snt.Module):
         super().__init__(name=name)
         self._low = np.asarray(action_low, np.float32)
         self._high = np.asarray(action_high, np.float32)
-        self.mlp = LayerNormMLP(config.policy_layers, name="mlp")
+        inits = initializers(config)
+        self.mlp = LayerNormMLP(config.policy_layers, w_init=inits.mlp, name="mlp")
         # Near-zero initial actions: early exploration is the Gaussian noise around 0.
-        self.head = snt.Linear(
-            int(self._low.size),
-            w_init=snt.initializers.VarianceScaling(1e-4, "fan_in", "uniform"),
-            name="head",
-        )
+        self.head = snt.Linear(int(self._low.size), w_init=inits.policy_head, name="head")
 
     def __call__(self, embedding: tf.Tensor) -> tf.Tensor:
         a = tf.tanh(self.head(self.mlp(embedding)))
@@ -191,7 +227,8 @@ class Critic(snt.Module):
         super().__init__(name=name)
         vmin, vmax = support if support is not None else value_support(config)
         self.support = tf.linspace(float(vmin), float(vmax), config.num_atoms)
-        self.mlp = LayerNormMLP(config.critic_layers, name="mlp")
+        self.mlp = LayerNormMLP(config.critic_layers, w_init=initializers(config).mlp, name="mlp")
+        # Sonnet's default initialiser, as Acme's DiscreteValuedHead (it passes none).
         self.head = snt.Linear(config.num_atoms, name="head")
 
     def __call__(self, embedding: tf.Tensor, action: tf.Tensor) -> tf.Tensor:

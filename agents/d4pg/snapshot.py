@@ -112,7 +112,7 @@ def write(
       config: The run's config (network shapes; stored in the metadata).
       env_spec: The specs the policy was trained on.
       weights: The acting variables in `D4PGNetworks.acting_variables()` order, e.g.
-        `learner.get_variables(["policy"])[0]`.
+        `learner.acting_weights()` (the policy the run's actors act with).
       task: The task name, stored in the metadata.
       learner_step: The learner update the weights come from.
 
@@ -136,7 +136,7 @@ def write(
         if len(weights) != len(module.acting_variables):
             raise SnapshotError(
                 f"{len(weights)} weight arrays for a policy with {len(module.acting_variables)}"
-                " variables: pass learner.get_variables(['policy'])[0] of the same config."
+                " variables: pass learner.acting_weights() of the same config."
             )
         for variable, value in zip(module.acting_variables, weights):
             variable.assign(np.asarray(value, np.float32))

@@ -5,7 +5,8 @@ samples-per-insert limiter only lets inserts through as a slow sampler thread sa
 so the writer's queue stays full for the whole run. Reverb's C++ writer then logs its
 "pending items is alarmingly high" warning to stderr if the adder lets created plus
 unconfirmed items reach 50 (Reverb's threshold). argv[1]: max_in_flight_items, or
-"default" for the adder's default.
+"default" for the adder's default; argv[2] "short" (optional): also write the short
+transitions from each episode's first state.
 """
 
 import os
@@ -33,8 +34,14 @@ def main() -> None:
     server = make_replay_server(config, SPEC)
     client = reverb.Client(f"localhost:{server.port}")
     kwargs = {} if sys.argv[1] == "default" else {"max_in_flight_items": int(sys.argv[1])}
+    short = sys.argv[2:3] == ["short"]
     adder = NStepTransitionAdder(
-        client, config.n_step, action_shape=(1,), chunk_length=ACTOR_CHUNK_LENGTH, **kwargs
+        client,
+        config.n_step,
+        action_shape=(1,),
+        chunk_length=ACTOR_CHUNK_LENGTH,
+        short_transitions_from_first_state=short,
+        **kwargs,
     )
 
     def sample_slowly() -> None:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from agents.d4pg.config import D4PGConfig
+from agents.d4pg.config import SAVED_CONFIG_FALLBACKS, D4PGConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,3 +100,46 @@ def test_vmin_and_vmax_come_together_and_none_round_trips():
     assert D4PGConfig.from_json(config.to_json()) == config
     with pytest.raises(ValueError, match="frame_stack > 1 needs from_pixels"):
         D4PGConfig.from_overrides({"frame_stack": "3"})
+
+
+def test_acme_options_default_to_the_former_behaviour_and_parse():
+    c = D4PGConfig()
+    assert (c.act_with_target_policy, c.network_init, c.short_transitions_from_first_state) == (
+        False,
+        "lecun_uniform",
+        False,
+    )
+    acme = D4PGConfig.from_overrides(
+        {
+            "act_with_target_policy": "true",
+            "network_init": "acme",
+            "short_transitions_from_first_state": "true",
+        }
+    )
+    assert (acme.act_with_target_policy, acme.network_init) == (True, "acme")
+    assert acme.short_transitions_from_first_state is True
+    assert D4PGConfig.from_json(acme.to_json()) == acme
+
+
+def test_bad_acme_option_values_say_what_is_valid():
+    with pytest.raises(
+        ValueError, match=r"network_init must be one of \['acme', 'lecun_uniform'\]"
+    ):
+        D4PGConfig.from_overrides({"network_init": "xavier"})
+    with pytest.raises(ValueError, match="expected a boolean"):
+        D4PGConfig.from_overrides({"act_with_target_policy": "target"})
+    for name in ("act_with_target_policy", "short_transitions_from_first_state"):
+        with pytest.raises(ValueError, match=f"{name} must be true or false"):
+            D4PGConfig(**{name: "yes"})
+
+
+def test_a_config_saved_before_the_acme_options_keeps_its_behaviour():
+    saved = D4PGConfig(policy_layers=(8,)).to_dict()
+    for key in SAVED_CONFIG_FALLBACKS:
+        del saved[key]
+    restored = D4PGConfig.from_saved(saved)
+    assert restored.policy_layers == (8,)
+    for key, value in SAVED_CONFIG_FALLBACKS.items():
+        assert getattr(restored, key) == value
+    # Keys the saved config has win over the fallbacks.
+    assert D4PGConfig.from_saved({"network_init": "acme"}).network_init == "acme"

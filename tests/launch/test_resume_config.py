@@ -1,0 +1,71 @@
+"""Resuming a run whose saved config predates keys added since (the Acme options)."""
+
+import json
+import os
+
+import pytest
+
+from agents.d4pg.config import SAVED_CONFIG_FALLBACKS, D4PGConfig
+from launch import cli, d4pg_program
+from launch.run_dir import RunDirError
+
+pytestmark = pytest.mark.timeout(120)
+
+ACME_OPTIONS = ("act_with_target_policy", "network_init", "short_transitions_from_first_state")
+
+
+def _old_run(tmp_path, **config_changes) -> str:
+    """A run directory as a launch before the Acme options wrote it (run.json only)."""
+    config = D4PGConfig.from_overrides(d4pg_program.PRESETS["quick"]).to_dict()
+    config.update(config_changes)
+    for key in ACME_OPTIONS:
+        del config[key]
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    identity = {**d4pg_program.identity("cartpole:swingup", config), "launches": 1}
+    with open(os.path.join(run_dir, "run.json"), "w", encoding="utf-8") as f:
+        json.dump(identity, f)
+    return run_dir
+
+
+def _resolve(run_dir, **overrides):
+    argv = ["launch", "d4pg", "--run-dir", run_dir]
+    args = cli._build_parser(argv).parse_args(argv)
+    return cli._resolve_d4pg(args, {k: str(v) for k, v in overrides.items()})
+
+
+def test_the_acme_options_change_what_a_run_is():
+    assert not set(ACME_OPTIONS) & d4pg_program.RESUMABLE_CONFIG_KEYS
+    assert set(SAVED_CONFIG_FALLBACKS) == set(ACME_OPTIONS)
+
+
+def test_an_old_run_resumes_with_the_behaviour_it_had(tmp_path):
+    run_dir = _old_run(tmp_path, sigma=0.2)
+    _, config, _, _, resuming, _, _ = _resolve(run_dir)
+    assert resuming and config.sigma == 0.2
+    for key, value in SAVED_CONFIG_FALLBACKS.items():
+        assert getattr(config, key) == value, key
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("act_with_target_policy", "true"),
+        ("network_init", "acme"),
+        ("short_transitions_from_first_state", "true"),
+    ],
+)
+def test_resuming_with_another_value_is_refused(tmp_path, key, value):
+    run_dir = _old_run(tmp_path)
+    with pytest.raises(RunDirError, match=f"(?s)config.{key}: the run has .*new --run-dir"):
+        _resolve(run_dir, **{key: value})
+
+
+def test_the_fallbacks_not_todays_defaults_decide(tmp_path, monkeypatch):
+    """Once a default changes (to Acme's, say), old runs must keep what they did."""
+    monkeypatch.setitem(SAVED_CONFIG_FALLBACKS, "network_init", "acme")  # != the default.
+    run_dir = _old_run(tmp_path)
+    _, config, _, _, resuming, _, _ = _resolve(run_dir)
+    assert resuming and config.network_init == "acme"
+    with pytest.raises(RunDirError, match="config.network_init: the run has 'acme'"):
+        _resolve(run_dir, network_init="lecun_uniform")
