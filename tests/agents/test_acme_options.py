@@ -16,9 +16,10 @@ import environments
 import replication
 from agents.d4pg import builder, networks, replay, snapshot
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.learning import D4PGLearner, Transition
+from agents.d4pg.learning import D4PGLearner
 from environments import EnvironmentSpec
 from launch import snapshots
+from tests.agents.fixed_data import fixed_batches, observations
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -123,13 +124,6 @@ def test_init_leaves_the_pixel_torso_alone():
 # ------------------------------------------------------------ act_with_target_policy
 
 
-def _observations(spec, n, seed):
-    rng = np.random.default_rng(seed)
-    if spec.observations.dtype == np.uint8:
-        return rng.integers(0, 256, (n, *spec.observations.shape)).astype(np.uint8)
-    return rng.normal(0.0, 2.0, (n, *spec.observations.shape)).astype(np.float32)
-
-
 def _randomise(variables, seed):
     rng = np.random.default_rng(seed)
     for v in variables:  # Far from the near-zero head init, so every layer matters.
@@ -138,24 +132,6 @@ def _randomise(variables, seed):
 
 def _policy_actions(nets, obs):
     return nets.policy(nets.torso(tf.constant(obs))).numpy()
-
-
-def _fixed_batches(config, spec):
-    """An input_fn repeating one batch (the learner updates without a replay)."""
-
-    def input_fn(ctx):
-        b = ctx.get_per_replica_batch_size(config.batch_size)
-        rng = np.random.default_rng(0)
-        data = Transition(
-            _observations(spec, b, 1),
-            rng.uniform(-1, 1, (b, *spec.actions.shape)).astype(np.float32),
-            rng.normal(size=b).astype(np.float32),
-            np.full(b, 0.9, np.float32),
-            _observations(spec, b, 2),
-        )
-        return tf.data.Dataset.from_tensors(data).repeat()
-
-    return input_fn
 
 
 @pytest.mark.parametrize("spec", [FEATURES, PIXELS], ids=["features", "pixels"])
@@ -170,7 +146,7 @@ def test_actors_and_evaluator_act_with_the_configured_policy(spec, target):
         _randomise(learner.networks.acting_variables(), seed=1)
         _randomise(learner.target_networks.acting_variables(), seed=2)
         learner.publish_variables()
-        obs = _observations(spec, 5, seed=3)
+        obs = observations(spec, 5, seed=3)
         online = _policy_actions(learner.networks, obs)
         offline = _policy_actions(learner.target_networks, obs)
         assert not np.allclose(online, offline, atol=1e-2)
@@ -204,7 +180,7 @@ def test_target_policy_follows_the_target_copies():
         }
     )
     learner = D4PGLearner(
-        config, FEATURES, replication.make("cpu"), _fixed_batches(config, FEATURES)
+        config, FEATURES, replication.make("cpu"), fixed_batches(config.batch_size, FEATURES)
     )
     published = []
     for _ in range(7):  # Copies at updates 0, 3, 6 (before each of them).
@@ -218,11 +194,11 @@ def test_target_policy_follows_the_target_copies():
 
 
 def test_snapshots_hold_the_acting_policy(tmp_path):
-    obs = _observations(FEATURES, 5, seed=3)
+    obs = observations(FEATURES, 5, seed=3)
     for target in (True, False):
         config = D4PGConfig.from_overrides({**SMALL, "act_with_target_policy": target})
         learner = D4PGLearner(
-            config, FEATURES, replication.make("cpu"), _fixed_batches(config, FEATURES)
+            config, FEATURES, replication.make("cpu"), fixed_batches(config.batch_size, FEATURES)
         )
         _randomise(learner.networks.acting_variables(), seed=1)
         _randomise(learner.target_networks.acting_variables(), seed=2)

@@ -8,15 +8,15 @@ import textwrap
 
 import numpy as np
 import pytest
-import tensorflow as tf
 from dm_env import specs
 
 import replication
 from agents.d4pg import snapshot
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.learning import D4PGLearner, Transition
+from agents.d4pg.learning import D4PGLearner
 from agents.d4pg.numpy_policy import NumpyPolicy
 from environments import EnvironmentSpec
+from tests.agents.fixed_data import fixed_batches, observations
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -51,28 +51,10 @@ FEATURES = _spec((6,), np.float32, -2.0, 0.5, 2)
 PIXELS = _spec((20, 16, 3), np.uint8, -1.0, 1.0, 3)
 
 
-def _observations(spec, n, seed):
-    rng = np.random.default_rng(seed)
-    if spec.observations.dtype == np.uint8:
-        return rng.integers(0, 256, (n, *spec.observations.shape)).astype(np.uint8)
-    return rng.normal(0.0, 2.0, (n, *spec.observations.shape)).astype(np.float32)
-
-
 def _trained_learner(spec):
     """A learner after a few real updates (weights away from their initialisation)."""
 
-    def input_fn(ctx):
-        b = ctx.get_per_replica_batch_size(CONFIG.batch_size)
-        rng = np.random.default_rng(0)
-        data = Transition(
-            _observations(spec, b, 1),
-            rng.uniform(-1, 1, (b, *spec.actions.shape)).astype(np.float32),
-            rng.normal(size=b).astype(np.float32),
-            np.full(b, 0.9, np.float32),
-            _observations(spec, b, 2),
-        )
-        return tf.data.Dataset.from_tensors(data).repeat()
-
+    input_fn = fixed_batches(CONFIG.batch_size, spec)
     learner = D4PGLearner(CONFIG, spec, replication.make("cpu"), input_fn)
     for _ in range(5):
         learner.step()
@@ -113,7 +95,7 @@ def test_snapshot_acts_like_the_learner_in_a_fresh_process(tmp_path, spec):
         task="fake:task",
         learner_step=learner.num_steps,
     )
-    obs = _observations(spec, 7, seed=3)
+    obs = observations(spec, 7, seed=3)
     expected = learner.networks.policy(learner.networks.torso(obs)).numpy()
     assert np.std(expected) > 1e-3  # The weights moved: actions differ between inputs.
 
