@@ -110,11 +110,14 @@ class LimiterMonitor:
       info_fn: Returns the table's `TableInfo`, e.g.
         ``lambda: client.server_info()["replay"]``.
       period: Seconds between polls (a poll is one small RPC).
+      transitions_per_item: transitions each item holds; the reported insert and sample
+        counts and rates are in transitions (the blocked fractions do not depend on it).
     """
 
-    def __init__(self, info_fn, period: float = 0.25):
+    def __init__(self, info_fn, period: float = 0.25, transitions_per_item: int = 1):
         self._info_fn = info_fn
         self._period = period
+        self._scale = transitions_per_item
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -155,11 +158,12 @@ class LimiterMonitor:
                     "learner_blocked": round(learner, 3),
                     "bottleneck": verdict.message,
                     "bottleneck_kind": verdict.kind,
-                    "replay_inserts": last.inserts,
+                    "replay_inserts": last.inserts * self._scale,
                 }
                 if first is not None and elapsed > 0:
-                    out["replay_inserts_per_s"] = round((last.inserts - first.inserts) / elapsed, 1)
-                    out["replay_samples_per_s"] = round((last.samples - first.samples) / elapsed, 1)
+                    per_s = self._scale / elapsed
+                    out["replay_inserts_per_s"] = round((last.inserts - first.inserts) * per_s, 1)
+                    out["replay_samples_per_s"] = round((last.samples - first.samples) * per_s, 1)
             self._reset(last)
         return out
 

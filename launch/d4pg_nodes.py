@@ -100,7 +100,7 @@ def replay(
     started = time.monotonic()
     server = _start_server(ctx, cfg, spec, port, directory)
     client = reverb.Client(f"localhost:{server.port}")
-    size = replay_lib.table_size(client)
+    size = replay_lib.transitions(replay_lib.table_size(client), cfg)
     ctx.log(
         f"serving on port {server.port} (all interfaces: a Reverb 0.14 limitation); "
         f"{size} transitions restored from {directory} in {time.monotonic() - started:.1f}s"
@@ -115,9 +115,9 @@ def replay(
     def checkpoint(what: str) -> None:
         # Inserts go on while Reverb writes, so the saved size lies between the two.
         t0 = time.monotonic()
-        before = replay_lib.table_size(client)
+        before = replay_lib.transitions(replay_lib.table_size(client), cfg)
         path = client.checkpoint()
-        after = replay_lib.table_size(client)
+        after = replay_lib.transitions(replay_lib.table_size(client), cfg)
         seconds = time.monotonic() - t0
         ctx.gauge(replay_size=after)
         ctx.record("replay_checkpoint", size_before=before, size_after=after, seconds=seconds)
@@ -126,13 +126,16 @@ def replay(
     last_checkpoint = time.monotonic()
     # Which side waits on the rate limiter: the bottleneck report (launch.bottleneck).
     monitor = bottleneck.LimiterMonitor(
-        lambda: client.server_info()[replay_lib.REPLAY_TABLE]
+        lambda: client.server_info()[replay_lib.REPLAY_TABLE],
+        transitions_per_item=cfg.transitions_per_item,
     ).start()
     writer = bottleneck.SummaryWriter(ctx.path("tensorboard", "replay", ""))
     try:
         while not ctx.wait(min(report_every_s, checkpoint_every_s)):
             report = monitor.report()
-            ctx.gauge(replay_size=replay_lib.table_size(client), **report)
+            ctx.gauge(
+                replay_size=replay_lib.transitions(replay_lib.table_size(client), cfg), **report
+            )
             writer.write(report)
             if time.monotonic() - last_checkpoint >= checkpoint_every_s:
                 checkpoint("replay checkpoint")
@@ -438,9 +441,12 @@ def evaluator(
     """Runs noise-free episodes with the latest weights, every `every_steps` actor steps
     (when set) or else every `every_s` seconds.
 
-    Actor steps are read from the replay table's rate limiter: actors insert exactly one
-    n-step transition per environment step, so the count of inserts is the run's actor
-    step count (restored with the replay checkpoint; only its increase is used here).
+    Actor steps are read from the replay table's rate limiter: actors write exactly one
+    n-step transition per environment step, so the transitions inserted (items times
+    `transitions_per_item`) are the run's actor step count (restored with the replay
+    checkpoint; only its increase is used here). With G > 1 per item the count lags by
+    the transitions actors still pool (at most `item_pool_size` each, a fraction of an
+    episode).
     With `short_transitions_from_first_state` every episode inserts n - 1 more (Acme's
     short transitions from o_0), so the count runs ahead of actor steps by (n - 1) / T
     for episodes of T steps (0.4% for dm-control's 1000 steps at n = 5) and evaluations
@@ -466,7 +472,8 @@ def evaluator(
     client = reverb.Client(replay_address)
 
     def actor_steps() -> int:
-        return bottleneck.LimiterState.from_table_info(client.server_info()[REPLAY_TABLE]).inserts
+        state = bottleneck.LimiterState.from_table_info(client.server_info()[REPLAY_TABLE])
+        return state.inserts * cfg.transitions_per_item
 
     evaluated = None
     steps_at_eval: int | None = None
@@ -488,7 +495,7 @@ def evaluator(
                         "return_std": std,
                         "episodes": episodes,
                         "learner_steps": evaluated,
-                        # Actor steps (replay inserts) that made this evaluation due.
+                        # Actor steps (transitions inserted) that made this evaluation due.
                         "replay_inserts": steps,
                     },
                 )

@@ -6,7 +6,6 @@ import dm_env
 import numpy as np
 
 from agents import core
-from agents.d4pg.adders import NStepTransitionAdder
 from agents.d4pg.numpy_policy import NumpyPolicy
 from agents.d4pg.variables import VariableClient
 
@@ -47,7 +46,7 @@ class D4PGActor(core.Actor):
         policy: NumpyPolicy,
         action_spec,
         variable_client: VariableClient | None,
-        adder: NStepTransitionAdder | None = None,
+        adder: core.Adder | None = None,
         sigma: float = 0.0,
         seed: int = 0,
     ):
@@ -110,8 +109,9 @@ class D4PGActor(core.Actor):
 class BatchedD4PGActor(core.BatchedActor):
     """A D4PG actor for K environments: one policy call and one noise draw per step.
 
-    Each environment has its own n-step adder (its own trajectory writer), so the items
-    written are exactly those of K single actors. Weights are pulled when the steps of
+    Each environment has its own n-step adder, so the transitions written are exactly
+    those of K single actors (with one transition per item, each adder has its own
+    trajectory writer; with G per item they share one `group_adder` pool and writer). Weights are pulled when the steps of
     all K environments together reach `variable_update_period` (as K single actors
     would pull, in total), or at once with `update(wait=True)`.
 
@@ -131,7 +131,7 @@ class BatchedD4PGActor(core.BatchedActor):
         policy: NumpyPolicy,
         action_spec,
         variable_client: VariableClient | None,
-        adders: list[NStepTransitionAdder] | None,
+        adders: list[core.Adder] | None,
         num_envs: int,
         sigma: float = 0.0,
         seed: int = 0,

@@ -14,13 +14,15 @@ from __future__ import annotations
 import reverb
 
 import replication
+from agents import core
 from agents.d4pg import networks
 from agents.d4pg.acting import BatchedD4PGActor, D4PGActor
 from agents.d4pg.adders import NStepTransitionAdder
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.learning import D4PGLearner, reverb_input_fn
+from agents.d4pg.group_adder import NStepGroupAdder, TransitionGroupWriter
+from agents.d4pg.learning import D4PGLearner, check_grouped_batch, reverb_input_fn
 from agents.d4pg.numpy_policy import NumpyPolicy
-from agents.d4pg.replay import make_replay_server
+from agents.d4pg.replay import GroupedRowLayout, make_replay_server
 from agents.d4pg.variables import VariableClient
 
 # Steps per Reverb chunk written by actors. Reverb's default chunks hold about n+1 steps,
@@ -79,11 +81,14 @@ def make_learner(
     learner samples but never writes weights (one of several learners sharing one
     update, where a single one publishes).
     """
+    check_grouped_batch(
+        replicator.per_replica_batch_size(config.batch_size), config.transitions_per_item
+    )
     learner = D4PGLearner(
         config,
         env_spec,
         replicator,
-        input_fn=reverb_input_fn(replay_address, config, rate_limiter_timeout_ms),
+        input_fn=reverb_input_fn(replay_address, config, rate_limiter_timeout_ms, env_spec),
         replay_client=reverb.Client(replay_address) if publish else None,
         checkpoint_dir=checkpoint_dir,
     )
@@ -102,14 +107,35 @@ def _make_policy(config: D4PGConfig, env_spec) -> NumpyPolicy:
     )
 
 
-def _make_adder(config: D4PGConfig, env_spec, client: reverb.Client) -> NStepTransitionAdder:
-    return NStepTransitionAdder(
+def _make_adders(
+    config: D4PGConfig, env_spec, client: reverb.Client, count: int, seed: int
+) -> list[core.Adder]:
+    """`count` adders (one per environment) of the config's replay layout.
+
+    One transition per item: an `NStepTransitionAdder` (own trajectory writer) each.
+    G > 1: `NStepGroupAdder`s sharing one `TransitionGroupWriter`, so an item can hold
+    transitions of all the actor's environments.
+    """
+    short = config.short_transitions_from_first_state
+    if config.transitions_per_item == 1:
+        return [
+            NStepTransitionAdder(
+                client,
+                config.n_step,
+                action_shape=env_spec.actions.shape,
+                chunk_length=ACTOR_CHUNK_LENGTH,
+                short_transitions_from_first_state=short,
+            )
+            for _ in range(count)
+        ]
+    writer = TransitionGroupWriter(
         client,
-        config.n_step,
-        action_shape=env_spec.actions.shape,
-        chunk_length=ACTOR_CHUNK_LENGTH,
-        short_transitions_from_first_state=config.short_transitions_from_first_state,
+        config.transitions_per_item,
+        GroupedRowLayout.of(env_spec, config),
+        pool_size=config.item_pool_size,
+        seed=seed,
     )
+    return [NStepGroupAdder(writer, config.n_step, short) for _ in range(count)]
 
 
 def make_actor(
@@ -134,7 +160,7 @@ def make_actor(
     client = reverb.Client(replay_address)
     adder = None
     if with_adder:
-        adder = _make_adder(config, env_spec, client)
+        (adder,) = _make_adders(config, env_spec, client, 1, seed)
     return D4PGActor(
         policy=_make_policy(config, env_spec),
         action_spec=env_spec.actions,
@@ -153,7 +179,7 @@ def make_batched_actor(
     Weights are pulled every `variable_update_period` environment steps over all of them.
     """
     client = reverb.Client(replay_address)
-    adders = [_make_adder(config, env_spec, client) for _ in range(num_envs)]
+    adders = _make_adders(config, env_spec, client, num_envs, seed)
     return BatchedD4PGActor(
         policy=_make_policy(config, env_spec),
         action_spec=env_spec.actions,

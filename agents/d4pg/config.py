@@ -25,6 +25,8 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "act_with_target_policy": False,
     "network_init": "lecun_uniform",
     "short_transitions_from_first_state": False,
+    "transitions_per_item": 1,
+    "item_pool_size": 256,  # Unused with one transition per item.
 }
 
 
@@ -146,6 +148,16 @@ class D4PGConfig:
     max_in_flight_samples_per_worker: int = 512
     # Also write the n-1 transitions o_0 -> o_m (m < n) of each episode, as Acme's adder.
     short_transitions_from_first_state: bool = False
+    # Replay layout. 1: one n-step transition per Reverb item, its steps stored once and
+    # referenced (`adders.NStepTransitionAdder`). G > 1: each item holds G whole
+    # transitions, drawn at random from the actor's last `item_pool_size` ones
+    # (`group_adder`), so Reverb's per-item cost is paid once per G transitions on both
+    # sides. Sampling stays uniform over transitions one by one (every item holds
+    # exactly G), but a batch of B holds B / G such groups. Sizes, samples per insert
+    # and actor-step counts stay in transitions; `batch_size` must be a multiple of G.
+    # Feature observations only (rows are float32; pixels keep 1).
+    transitions_per_item: int = 1
+    item_pool_size: int = 256  # Transitions an actor shuffles before it writes G (G > 1).
     # Acting.
     sigma: float = 0.3
     variable_update_period: int = 1000  # Actor pulls weights every K environment steps.
@@ -180,6 +192,8 @@ class D4PGConfig:
             "prefetch_size",
             "max_in_flight_samples_per_worker",
             "torso_output_size",
+            "transitions_per_item",
+            "item_pool_size",
         ):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -210,6 +224,21 @@ class D4PGConfig:
             problems.append("conv_channels, conv_kernels and conv_strides must have equal lengths")
         if not self.policy_layers or not self.critic_layers:
             problems.append("policy_layers and critic_layers need at least one layer each")
+        group = self.transitions_per_item
+        if group >= 1 and self.batch_size % group:
+            problems.append(
+                f"batch_size ({self.batch_size}) must be a multiple of transitions_per_item "
+                f"({group}): a batch is batch_size / transitions_per_item whole items"
+            )
+        if group > 1 and self.from_pixels:
+            problems.append(
+                "transitions_per_item > 1 stores observations inline as float32 feature rows; "
+                "pixel runs keep transitions_per_item=1 (each frame stored once)"
+            )
+        if group > 1 and self.item_pool_size < group:
+            problems.append(
+                f"item_pool_size ({self.item_pool_size}) must be >= transitions_per_item ({group})"
+            )
         if self.network_init not in NETWORK_INITS:
             problems.append(
                 f"network_init must be one of {sorted(NETWORK_INITS)}, got {self.network_init!r}"

@@ -16,7 +16,7 @@ import replication
 from agents import core
 from agents.d4pg import augmentation, diagnostics, losses, networks, variables
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.replay import REPLAY_TABLE
+from agents.d4pg.replay import REPLAY_TABLE, GroupedRowLayout
 
 _log = logging.getLogger(__name__)
 
@@ -43,7 +43,10 @@ class ReplayTimeoutError(TimeoutError):
 
 
 def reverb_input_fn(
-    server_address: str, config: D4PGConfig, rate_limiter_timeout_ms: int = -1
+    server_address: str,
+    config: D4PGConfig,
+    rate_limiter_timeout_ms: int = -1,
+    env_spec=None,
 ) -> InputFn:
     """Per-replica batches of n-step `Transition`s sampled from the "replay" table.
 
@@ -56,8 +59,18 @@ def reverb_input_fn(
       rate_limiter_timeout_ms: -1 waits for data forever; otherwise the dataset ends when
         the rate limiter blocks sampling this long, and `D4PGLearner.step()` raises
         `ReplayTimeoutError` (so a caller can stop a learner that waits for actors).
+      env_spec: the environment's specs; needed with `config.transitions_per_item` > 1,
+        whose rows it splits into fields (`replay.GroupedRowLayout`).
+
+    With G = `transitions_per_item` > 1 a replica's batch of B transitions is B / G
+    items sampled uniformly (see `D4PGConfig.transitions_per_item`).
     """
     discount = float(config.discount)
+    layout = None
+    if config.transitions_per_item > 1:
+        if env_spec is None:
+            raise ValueError("reverb_input_fn needs env_spec when transitions_per_item > 1")
+        layout = GroupedRowLayout.of(env_spec, config)
 
     def to_transitions(sample: reverb.ReplaySample) -> Transition:
         item = sample.data
@@ -68,6 +81,8 @@ def reverb_input_fn(
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         per_replica = context.get_per_replica_batch_size(config.batch_size)
+        if config.transitions_per_item > 1:
+            return _grouped_input(context, per_replica)
         dataset = reverb.TrajectoryDataset.from_table_signature(
             server_address=server_address,
             table=REPLAY_TABLE,
@@ -86,7 +101,41 @@ def reverb_input_fn(
         dataset = dataset.map(to_transitions)
         return dataset.prefetch(config.prefetch_size)
 
+    def _grouped_input(context: tf.distribute.InputContext, per_replica: int) -> tf.data.Dataset:
+        # Items of G whole transitions (`group_adder`): per_replica / G items per batch,
+        # their rows split into fields (rewards/discounts are [n] rows padded with
+        # discount -1).
+        group = config.transitions_per_item
+        check_grouped_batch(per_replica, group)
+        items_per_batch = per_replica // group
+        dataset = reverb.TrajectoryDataset.from_table_signature(
+            server_address=server_address,
+            table=REPLAY_TABLE,
+            max_in_flight_samples_per_worker=max(
+                config.max_in_flight_samples_per_worker // group, 2 * items_per_batch
+            ),
+            rate_limiter_timeout_ms=rate_limiter_timeout_ms,
+            max_samples_per_stream=SAMPLES_PER_STREAM,
+        )
+        dataset = dataset.batch(items_per_batch, drop_remainder=True)
+
+        def split(sample: reverb.ReplaySample) -> Transition:
+            item = layout.split(tf.reshape(sample.data, [per_replica, layout.width]))
+            return to_transitions(reverb.ReplaySample(info=None, data=item))
+
+        return dataset.map(split).prefetch(config.prefetch_size)
+
     return input_fn
+
+
+def check_grouped_batch(per_replica_batch: int, transitions_per_item: int) -> None:
+    """Raises ValueError unless a replica's batch is whole items of the grouped layout."""
+    if per_replica_batch % transitions_per_item:
+        raise ValueError(
+            f"Each replica's batch ({per_replica_batch} transitions) must be a multiple of "
+            f"transitions_per_item ({transitions_per_item}): set --config.batch_size to a "
+            "multiple of transitions_per_item x replicas, or lower transitions_per_item."
+        )
 
 
 class D4PGLearner(core.Learner):

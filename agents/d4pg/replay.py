@@ -1,5 +1,10 @@
 """Reverb tables of D4PG: "replay" (n-step transitions) and "params" (latest weights).
 
+The replay holds `config.transitions_per_item` = G transitions per item (see
+`D4PGConfig`): its size, minimum size and rate limiter are set in items here, from the
+config's figures in transitions (G transitions per item, so samples per insert is the
+same number in items and in transitions). `transitions` converts counts back.
+
 Reverb 0.14's server binds all interfaces ([::]:port) and has no host argument; clients
 connect with `localhost:PORT` (same machine) or the address they are given.
 """
@@ -7,8 +12,10 @@ connect with `localhost:PORT` (same machine) or the address they are given.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 
+import numpy as np
 import reverb
 import tensorflow as tf
 
@@ -33,8 +40,50 @@ class ReplayItem(
     """
 
 
-def replay_signature(env_spec) -> ReplayItem:
-    """The "replay" table signature (unbatched; rewards/discounts have variable length)."""
+class GroupedRowLayout:
+    """Where the fields of one transition lie in a row of the grouped layout (G > 1).
+
+    A row is float32 [o_t | a_t | r_t..r_{t+n-1} | d_t..d_{t+n-1} | o_{t+m}]: an item is
+    one [G, width] array, a single Reverb column, because Reverb compresses and sends
+    every column of a step as its own chunk (five columns cost the actor about twice the
+    CPU per item of one). Rewards and discounts after m are padded with discount -1,
+    the mask `losses.n_step_return` uses. Observations are flattened feature vectors.
+    """
+
+    def __init__(self, observation_shape, action_shape, n_step: int):
+        self.observation_shape = tuple(int(d) for d in observation_shape)
+        self.action_shape = tuple(int(d) for d in action_shape)
+        self.n_step = int(n_step)
+        obs, act = int(np.prod(self.observation_shape)), int(np.prod(self.action_shape))
+        bounds = np.cumsum([0, obs, act, n_step, n_step, obs])
+        self.slices = ReplayItem(*(slice(a, b) for a, b in itertools.pairwise(bounds)))
+        self.width = int(bounds[-1])
+
+    @classmethod
+    def of(cls, env_spec, config: D4PGConfig) -> GroupedRowLayout:
+        return cls(env_spec.observations.shape, env_spec.actions.shape, config.n_step)
+
+    def split(self, rows) -> ReplayItem:
+        """The fields of rows [B, width] (numpy or TensorFlow), observations reshaped."""
+        fields = ReplayItem(*(rows[:, part] for part in self.slices))
+        reshape = tf.reshape if isinstance(rows, tf.Tensor) else np.reshape
+        return fields._replace(
+            observation=reshape(fields.observation, (-1,) + self.observation_shape),
+            action=reshape(fields.action, (-1,) + self.action_shape),
+            next_observation=reshape(fields.next_observation, (-1,) + self.observation_shape),
+        )
+
+
+def replay_signature(env_spec, config: D4PGConfig | None = None):
+    """The "replay" table signature of `config`'s layout (default: one transition per item).
+
+    One transition per item: a `ReplayItem`, unbatched, rewards/discounts of variable
+    length m <= n. G > 1 (`config.transitions_per_item`): one float32 [G, width] tensor
+    of G rows (`GroupedRowLayout`).
+    """
+    if config is not None and config.transitions_per_item > 1:
+        width = GroupedRowLayout.of(env_spec, config).width
+        return tf.TensorSpec([config.transitions_per_item, width], tf.float32)
     obs = env_spec.observations
     obs_spec = tf.TensorSpec(obs.shape, tf.dtypes.as_dtype(obs.dtype))
     return ReplayItem(
@@ -44,6 +93,16 @@ def replay_signature(env_spec) -> ReplayItem:
         discounts=tf.TensorSpec([None], tf.float32),
         next_observation=obs_spec,
     )
+
+
+def items(transition_count: int, config: D4PGConfig) -> int:
+    """Items holding `transition_count` transitions (rounded up)."""
+    return -(-int(transition_count) // config.transitions_per_item)
+
+
+def transitions(item_count: int, config: D4PGConfig) -> int:
+    """Transitions in `item_count` items of `config`'s layout."""
+    return int(item_count) * config.transitions_per_item
 
 
 def params_signature(config: D4PGConfig, env_spec) -> list[tf.TensorSpec]:
@@ -58,16 +117,19 @@ def make_rate_limiter(config: D4PGConfig) -> reverb.rate_limiters.RateLimiter:
     The error buffer (how far the ratio may drift before one side blocks) is
     `min_replay_size * samples_per_insert * tolerance_rate`, at least 2 * max(1, spi) as
     Reverb requires. `samples_per_insert <= 0` disables the ratio (MinSize only), which
-    is meant for benchmarks of acting without a learner.
+    is meant for benchmarks of acting without a learner. All in items: with G
+    transitions per item an insert and a sample both move G transitions, so the ratio
+    is unchanged and the sizes (and the buffer) are divided by G.
     """
+    min_items = items(config.min_replay_size, config)
     if config.samples_per_insert <= 0:
-        return reverb.rate_limiters.MinSize(config.min_replay_size)
+        return reverb.rate_limiters.MinSize(min_items)
     spi = config.samples_per_insert
     error_buffer = max(
-        config.min_replay_size * spi * config.samples_per_insert_tolerance_rate, 2.0 * max(1.0, spi)
+        min_items * spi * config.samples_per_insert_tolerance_rate, 2.0 * max(1.0, spi)
     )
     return reverb.rate_limiters.SampleToInsertRatio(
-        samples_per_insert=spi, min_size_to_sample=config.min_replay_size, error_buffer=error_buffer
+        samples_per_insert=spi, min_size_to_sample=min_items, error_buffer=error_buffer
     )
 
 
@@ -77,9 +139,9 @@ def make_tables(config: D4PGConfig, env_spec) -> list[reverb.Table]:
         name=REPLAY_TABLE,
         sampler=reverb.selectors.Uniform(),
         remover=reverb.selectors.Fifo(),
-        max_size=config.max_replay_size,
+        max_size=max(1, config.max_replay_size // config.transitions_per_item),
         rate_limiter=make_rate_limiter(config),
-        signature=replay_signature(env_spec),
+        signature=replay_signature(env_spec, config),
     )
     params = reverb.Table(
         name=PARAMS_TABLE,
@@ -118,5 +180,5 @@ def make_replay_server(
 
 
 def table_size(client: reverb.Client, table: str = REPLAY_TABLE, timeout: int | None = None) -> int:
-    """Current number of items in `table`."""
+    """Current number of items in `table` (`transitions(...)` converts to transitions)."""
     return int(client.server_info(timeout=timeout)[table].current_size)

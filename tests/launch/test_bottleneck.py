@@ -155,3 +155,21 @@ def test_diagnose(actors, learner, filling, kind):
             "learner-bound: actors blocked 62% of the time: add learner replicas or lower "
             "samples_per_insert"
         )
+
+
+def test_counts_are_reported_in_transitions_of_grouped_items():
+    """With G transitions per item, inserts and rates count transitions, not items."""
+    server = _server(samples_per_insert=1.0, min_size=1, error_buffer=100.0)
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        monitor = bottleneck.LimiterMonitor(lambda: _info(client), transitions_per_item=16)
+        monitor.poll()
+        for _ in range(5):
+            client.insert(np.float32(1), {TABLE: 1.0})
+        time.sleep(0.1)
+        monitor.poll()
+        report = monitor.report()
+        assert report["replay_inserts"] == 5 * 16
+        assert report["replay_inserts_per_s"] == pytest.approx(80 / 0.1, rel=0.8)
+    finally:
+        server.stop()

@@ -64,3 +64,50 @@ def test_envs_per_actor_must_be_positive(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "--envs-per-actor must be at least 1" in captured.err
     assert not os.path.exists(run_dir)
+
+
+def test_grouped_replay_items_launch_counts_transitions(tmp_path):
+    """G transitions per item: replay sizes and the evaluator's step count stay in steps."""
+    run_dir = str(tmp_path / "run")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.cli",
+            "launch",
+            "d4pg",
+            "--backend",
+            "local",
+            "--env",
+            s.TASK,
+            "--actors",
+            "1",
+            "--envs-per-actor",
+            "2",
+            "--steps",
+            "2000",
+            "--run-dir",
+            run_dir,
+            "--eval-every-steps",
+            "500",
+            "--eval-episodes",
+            "1",
+            *s.TINY_FLAGS,
+            "--config.transitions_per_item=4",
+            "--config.item_pool_size=32",
+        ],
+        cwd=s.REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    steps = sum(r.get("actor_steps", 0) for r in s.records(run_dir, "actor_0", "count"))
+    size = s.gauge(run_dir, "replay_size", "replay")
+    # Transitions in replay: the finished episodes' steps, plus what the two unfinished
+    # episodes wrote, minus what stayed in the actor's pool (< 32); whole items of 4.
+    assert size % 4 == 0 and steps - 32 <= size <= steps + 2 * 200, (size, steps)
+    inserts = [r["replay_inserts"] for r in s.records(run_dir, "evaluator", "eval")]
+    assert len(inserts) >= 4 and all(n % 4 == 0 for n in inserts), inserts
+    assert inserts[-1] >= 1500  # Counted in transitions: items alone would stay below 500.

@@ -1,4 +1,4 @@
-"""Resuming a run whose saved config predates keys added since (the Acme options)."""
+"""Resuming a run whose saved config predates keys added since (Acme options, layout)."""
 
 import json
 import os
@@ -12,13 +12,15 @@ from launch.run_dir import RunDirError
 pytestmark = pytest.mark.timeout(120)
 
 ACME_OPTIONS = ("act_with_target_policy", "network_init", "short_transitions_from_first_state")
+LAYOUT_KEYS = ("transitions_per_item", "item_pool_size")
+LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS
 
 
 def _old_run(tmp_path, **config_changes) -> str:
-    """A run directory as a launch before the Acme options wrote it (run.json only)."""
+    """A run directory as a launch before the later keys wrote it (run.json only)."""
     config = D4PGConfig.from_overrides(d4pg_program.PRESETS["quick"]).to_dict()
     config.update(config_changes)
-    for key in ACME_OPTIONS:
+    for key in LATER_KEYS:
         del config[key]
     run_dir = str(tmp_path / "run")
     os.makedirs(run_dir)
@@ -35,8 +37,8 @@ def _resolve(run_dir, **overrides):
 
 
 def test_the_acme_options_change_what_a_run_is():
-    assert not set(ACME_OPTIONS) & d4pg_program.RESUMABLE_CONFIG_KEYS
-    assert set(SAVED_CONFIG_FALLBACKS) == set(ACME_OPTIONS)
+    assert not set(LATER_KEYS) & d4pg_program.RESUMABLE_CONFIG_KEYS
+    assert set(SAVED_CONFIG_FALLBACKS) == set(LATER_KEYS)
 
 
 def test_an_old_run_resumes_with_the_behaviour_it_had(tmp_path):
@@ -53,6 +55,7 @@ def test_an_old_run_resumes_with_the_behaviour_it_had(tmp_path):
         ("act_with_target_policy", "true"),
         ("network_init", "acme"),
         ("short_transitions_from_first_state", "true"),
+        ("transitions_per_item", "16"),  # Another table signature.
     ],
 )
 def test_resuming_with_another_value_is_refused(tmp_path, key, value):

@@ -1,0 +1,257 @@
+"""Replay layouts compared in one run: one transition per Reverb item against G per item.
+
+Learner: quick-size D4PG learners (`updates_per_call` 8) fed from a fixed in-memory batch
+and from Reverb with each layout, updates/s. Actor: raw unwrapped `env.step` and one
+actor process at K=1 and K=16 environments with each layout, steps/s. Replay servers run
+in their own processes (prefilled for the learners; `samples_per_insert` 0, so neither
+side waits for the other). Every configuration runs in each of --rounds rounds, in an
+order rotated per round; figures are medians over rounds and ratios are taken within the
+run. The 1-minute load average is kept per round; above 2 (the cores) the run is noisy.
+
+Usage: python benchmarks/agents_replay_layout.py [--groups 16 --rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # The repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # agents_common, benchmarks.
+
+import numpy as np
+from agents_actor_throughput import batched_runner, raw_runner, single_runner
+from agents_common import ReplayServerProcess, write_result
+
+TASK = "cartpole:swingup"
+UPDATES_PER_CALL = 8
+
+
+def _rotated(names: list[str], r: int) -> list[str]:
+    return names[r % len(names) :] + names[: r % len(names)]
+
+
+def _rate(fn, units_per_call: int, seconds: float, probe: float) -> tuple[float, float]:
+    """(units/s wall, units per process-CPU second) of `fn` over about `seconds`."""
+    calls = max(3, int(seconds / probe))
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(calls):
+        fn()
+    units = calls * units_per_call
+    return units / (time.perf_counter() - wall), units / max(time.process_time() - cpu, 1e-9)
+
+
+def _fill(config, address: str, episodes: int) -> None:
+    """Random-action episodes through the builder's adders (the layout's own writers)."""
+    import reverb
+
+    import environments
+    from agents.d4pg import builder, networks, variables
+
+    env = environments.make(TASK, seed=0)
+    spec = environments.make_environment_spec(env)
+
+    variables.publish(
+        reverb.Client(address),
+        0,
+        [v.numpy() for v in networks.make_networks(config, spec).acting_variables()],
+    )
+    actor = builder.make_actor(config, spec, address, seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(episodes):
+        timestep = env.reset()
+        actor.observe_first(timestep)
+        while not timestep.last():
+            action = rng.uniform(-1, 1, spec.actions.shape).astype(np.float32)
+            timestep = env.step(action)
+            actor.observe(action, timestep)
+    # Unflushed items arrive while learners compile; they need min_replay_size only.
+
+
+def learner_rounds(configs: dict, args, loads: list) -> dict:
+    import tensorflow as tf
+
+    import environments
+    import replication
+    from agents.d4pg.learning import D4PGLearner, Transition, reverb_input_fn
+
+    spec = environments.make_environment_spec(environments.make(TASK, seed=0))
+    obs_dim, act_dim = spec.observations.shape[0], spec.actions.shape[0]
+    repl = replication.make("cpu")
+    rng = np.random.default_rng(0)
+
+    def fixed_input_fn(ctx, config):
+        b = ctx.get_per_replica_batch_size(config.batch_size)
+        data = Transition(
+            rng.normal(size=(b, obs_dim)).astype(np.float32),
+            rng.uniform(-1, 1, (b, act_dim)).astype(np.float32),
+            rng.normal(size=b).astype(np.float32),
+            np.full(b, 0.95, np.float32),
+            rng.normal(size=(b, obs_dim)).astype(np.float32),
+        )
+        return tf.data.Dataset.from_tensors(data).repeat()
+
+    servers = {}
+    try:
+        base = configs["g1"]
+        learners = {"fixed": D4PGLearner(base, spec, repl, lambda ctx: fixed_input_fn(ctx, base))}
+        for name, config in configs.items():
+            servers[name] = ReplayServerProcess(config, TASK)
+            _fill(config, servers[name].address, args.fill_episodes)
+            learners[f"reverb_{name}"] = D4PGLearner(
+                config, spec, repl, reverb_input_fn(servers[name].address, config, env_spec=spec)
+            )
+        for learner in learners.values():  # Compile and warm the pipelines.
+            for _ in range(5):
+                learner.step()
+        start = time.perf_counter()
+        learners["fixed"].step()
+        probe = max(time.perf_counter() - start, 1e-3)
+        wall = {name: [] for name in learners}
+        cpu = {name: [] for name in learners}
+        for r in range(args.rounds):
+            for name in _rotated(list(learners), r):
+                w, c = _rate(learners[name].step, UPDATES_PER_CALL, args.seconds, probe)
+                wall[name].append(w)
+                cpu[name].append(c)
+            loads.append(os.getloadavg()[0])
+            print(
+                f"learner round {r}: "
+                + ", ".join(f"{n} {wall[n][-1]:.0f}/s" for n in learners)
+                + f"; load {loads[-1]:.2f}",
+                flush=True,
+            )
+    finally:
+        for server in servers.values():
+            server.close()
+    median = {n: statistics.median(v) for n, v in wall.items()}
+    return {
+        "updates_per_second_rounds": wall,
+        "updates_per_cpu_second_rounds": cpu,
+        "median_updates_per_second": median,
+        "median_updates_per_cpu_second": {n: statistics.median(v) for n, v in cpu.items()},
+        "reverb_over_fixed": {n: median[n] / median["fixed"] for n in median if n != "fixed"},
+    }
+
+
+def actor_rounds(configs: dict, args, loads: list) -> dict:
+    import reverb
+
+    import environments
+    from agents.d4pg import networks, variables
+
+    spec = environments.make_environment_spec(environments.make(TASK, seed=0))
+    domain, task = TASK.split(":")
+    servers = {}
+    runners = {"raw": raw_runner(domain, task)}
+    try:
+        for name, config in configs.items():
+            server = servers[name] = ReplayServerProcess(config, TASK)
+            nets = networks.make_networks(config, spec)
+            variables.publish(
+                reverb.Client(server.address), 0, [v.numpy() for v in nets.acting_variables()]
+            )
+            runners[f"{name}_k1"], _ = single_runner(config, spec, server.address)
+            runners[f"{name}_k16"], _ = batched_runner(config, spec, server.address, 16)
+        for run in runners.values():  # Warm-up: first pull, writer setup, caches.
+            run(512)
+        names = list(runners)
+        wall = {name: [] for name in names}
+        cpu = {name: [] for name in names}
+        for r in range(args.rounds):
+            for name in _rotated(names, r):
+                w0, c0 = time.perf_counter(), time.process_time()
+                done = runners[name](args.actor_steps)
+                wall[name].append(done / (time.perf_counter() - w0))
+                cpu[name].append(done / max(time.process_time() - c0, 1e-9))
+            loads.append(os.getloadavg()[0])
+            print(
+                f"actor round {r}: "
+                + ", ".join(f"{n} {wall[n][-1]:.0f}/s" for n in names)
+                + f"; load {loads[-1]:.2f}",
+                flush=True,
+            )
+    finally:
+        for server in servers.values():
+            server.close()
+    median = {n: statistics.median(v) for n, v in wall.items()}
+    median_cpu = {n: statistics.median(v) for n, v in cpu.items()}
+    return {
+        "steps_per_second_rounds": wall,
+        "steps_per_cpu_second_rounds": cpu,
+        "median_steps_per_second": median,
+        "median_steps_per_cpu_second": median_cpu,
+        "actor_over_raw_wall": {n: median[n] / median["raw"] for n in median if n != "raw"},
+        "actor_over_raw_process_cpu": {
+            n: median_cpu[n] / median_cpu["raw"] for n in median_cpu if n != "raw"
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--groups", default="16", help="transitions per item to set beside 1")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=2.0, help="per learner measurement")
+    parser.add_argument("--actor-steps", type=int, default=4096, help="per actor measurement")
+    parser.add_argument("--fill-episodes", type=int, default=20, help="prefill per layout")
+    parser.add_argument("--parts", default="learner,actor")
+    args = parser.parse_args()
+
+    from agents.d4pg.config import D4PGConfig
+    from launch.d4pg_program import PRESETS
+
+    quick = D4PGConfig.from_overrides(PRESETS["quick"])
+    groups = [1] + [int(g) for g in args.groups.split(",")]
+    configs = {
+        f"g{g}": D4PGConfig.from_overrides(
+            {
+                "samples_per_insert": 0,
+                "min_replay_size": 1000,
+                "updates_per_call": UPDATES_PER_CALL,
+                "transitions_per_item": g,
+            },
+            base=quick,
+        )
+        for g in groups
+    }
+    loads = [os.getloadavg()[0]]
+    result: dict = {
+        "task": TASK,
+        "preset": "quick",
+        "batch_size": quick.batch_size,
+        "updates_per_call": UPDATES_PER_CALL,
+        "transitions_per_item": groups,
+        "item_pool_size": quick.item_pool_size,
+        "rounds": args.rounds,
+    }
+    parts = args.parts.split(",")
+    if "learner" in parts:
+        result["learner"] = learner_rounds(configs, args, loads)
+        for name, ratio in result["learner"]["reverb_over_fixed"].items():
+            print(f"learner {name}: {ratio:.2f} x fixed batch (target >= 0.9)")
+    if "actor" in parts:
+        result["actor"] = actor_rounds(configs, args, loads)
+        for name, ratio in result["actor"]["actor_over_raw_wall"].items():
+            print(f"actor {name}: {ratio:.2f} x raw env.step (K=16 target >= 0.8)")
+    noisy = max(loads) > 2
+    if noisy:
+        print(f"NOISY: load reached {max(loads):.2f} on {os.cpu_count()} cores")
+    write_result(
+        "agents_replay_layout",
+        {
+            **result,
+            "targets": {"learner_reverb_over_fixed": 0.9, "actor_k16_over_raw_wall": 0.8},
+            "load_average_1min_per_round": loads,
+            "noisy": noisy,
+            "command": "python benchmarks/agents_replay_layout.py " + " ".join(sys.argv[1:]),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

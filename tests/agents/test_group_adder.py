@@ -1,0 +1,268 @@
+"""Items of G whole transitions (`group_adder`), through real Reverb servers.
+
+The grouped layout must hold exactly the transitions of the one-per-item layout, spread
+them over the actor's recent past, feed the learner exact n-step returns, and keep the
+replay's sizes and rate limiter in transitions.
+"""
+
+import numpy as np
+import pytest
+import reverb
+
+import replication
+from agents.d4pg import builder
+from agents.d4pg.config import D4PGConfig
+from agents.d4pg.group_adder import NStepGroupAdder, TransitionGroupWriter
+from agents.d4pg.learning import reverb_input_fn
+from agents.d4pg.replay import (
+    REPLAY_TABLE,
+    GroupedRowLayout,
+    make_replay_server,
+    replay_signature,
+)
+from tests.agents.test_adders import GAMMA, SPEC, _episode, _expected_items
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _config(**overrides) -> D4PGConfig:
+    values = {"discount": GAMMA, "min_replay_size": 1, "samples_per_insert": 0}
+    return D4PGConfig.from_overrides({**values, **overrides})
+
+
+def _writer(client, config, seed=0):
+    return TransitionGroupWriter(
+        client,
+        config.transitions_per_item,
+        GroupedRowLayout.of(SPEC, config),
+        pool_size=config.item_pool_size,
+        seed=seed,
+    )
+
+
+def _write_episodes(writer, n, episodes, short=False, adders=1):
+    """Episode e goes through adder e % adders (adders share the writer)."""
+    group_adders = [NStepGroupAdder(writer, n, short) for _ in range(adders)]
+    for episode, (length, final_discount) in enumerate(episodes):
+        adder = group_adders[episode % adders]
+        steps, actions = _episode(length, episode, final_discount)
+        adder.add_first(steps[0])
+        for action, step in zip(actions, steps[1:]):
+            adder.add(action, step)
+    writer.write_pending()
+    writer.flush()
+
+
+def _rows(client, config, count):
+    """Every transition of the first `count` items of a queue table, row by row."""
+    samples = client.sample(
+        REPLAY_TABLE, num_samples=count, emit_timesteps=False, unpack_as_table_signature=True
+    )
+    layout = GroupedRowLayout.of(SPEC, config)
+    rows = []
+    for sample in samples:
+        item = layout.split(np.asarray(sample.data))
+        for g in range(config.transitions_per_item):
+            kept = item.discounts[g] >= 0  # Padding after m carries discount -1.
+            rows.append(
+                dict(
+                    observation=item.observation[g].tolist(),
+                    action=item.action[g].tolist(),
+                    rewards=item.rewards[g][kept].tolist(),
+                    discounts=item.discounts[g][kept].tolist(),
+                    next_observation=item.next_observation[g].tolist(),
+                    padding=item.rewards[g][~kept].tolist(),
+                )
+            )
+    return rows
+
+
+def _key(row):
+    return (*row["observation"], *row["next_observation"])
+
+
+@pytest.mark.parametrize(
+    "n, episodes, short",
+    [
+        (3, [(7, 1.0), (4, 0.0), (2, 1.0), (9, 0.0)], False),
+        (3, [(7, 1.0), (4, 0.0), (2, 1.0), (9, 0.0)], True),  # Acme's short first ones.
+        (5, [(5, 1.0), (12, 0.0), (3, 0.0)], False),
+        (1, [(6, 1.0), (6, 0.0)], False),
+    ],
+)
+def test_items_hold_exactly_the_one_per_item_transitions(n, episodes, short):
+    config = _config(n_step=n, transitions_per_item=4, item_pool_size=8)
+    table = reverb.Table.queue(REPLAY_TABLE, 1000, signature=replay_signature(SPEC, config))
+    server = reverb.Server([table])
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        writer = _writer(client, config)
+        _write_episodes(writer, n, episodes, short=short, adders=2)
+        expected = [
+            item
+            for episode, (length, final) in enumerate(episodes)
+            for item in _expected_items(length, episode, final, n, short=short)
+        ]
+        items = client.server_info()[REPLAY_TABLE].current_size
+        assert items == len(expected) // 4 and writer.pending == len(expected) % 4
+        assert writer.transitions_written == 4 * items
+        rows = _rows(client, config, items)
+        assert all(row.pop("padding") == [0.0] * (n - len(row["rewards"])) for row in rows)
+        by_key = {_key(item): item for item in expected}
+        assert len(by_key) == len(expected)  # The keys tell transitions apart.
+        for row in rows:  # Each written row is one expected transition, exactly.
+            item = by_key.pop(_key(row))
+            assert row["action"] == pytest.approx(item["action"])
+            assert row["rewards"] == pytest.approx(item["rewards"])
+            assert row["discounts"] == pytest.approx(item["discounts"])
+        assert len(by_key) == writer.pending  # Only what is still pooled is missing.
+    finally:
+        server.stop()
+
+
+def test_an_item_draws_its_transitions_from_the_whole_pool():
+    """Items are not runs of consecutive steps: their rows span the pool's window."""
+    config = _config(n_step=1, transitions_per_item=4, item_pool_size=64)
+    table = reverb.Table.queue(REPLAY_TABLE, 1000, signature=replay_signature(SPEC, config))
+    server = reverb.Server([table])
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        _write_episodes(_writer(client, config, seed=3), 1, [(400, 1.0)])
+        items = client.server_info()[REPLAY_TABLE].current_size
+        rows = _rows(client, config, items)
+        spans = [
+            max(r["observation"][0] for r in group) - min(r["observation"][0] for r in group)
+            for group in (rows[i : i + 4] for i in range(0, len(rows), 4))
+        ]
+        # Consecutive steps would span 3; four draws from 64 span ~38 on average.
+        assert np.median(spans) > 20
+    finally:
+        server.stop()
+
+
+def test_learner_batches_are_exact_n_step_transitions_across_replicas():
+    """Grouped replay -> the learner's input on 2 replicas -> whole (R_t, D_t) rows."""
+    n, episodes = 3, [(9, 0.0), (6, 1.0), (11, 0.0)]
+    config = _config(n_step=n, transitions_per_item=4, item_pool_size=8, batch_size=16)
+    server = make_replay_server(config, SPEC)
+    try:
+        address = f"localhost:{server.port}"
+        _write_episodes(_writer(reverb.Client(address), config), n, episodes)
+        expected = {}
+        for episode, (length, final) in enumerate(episodes):
+            for item in _expected_items(length, episode, final, n):
+                ret = sum(GAMMA**k * r for k, r in enumerate(item["rewards"]))
+                disc = GAMMA ** len(item["discounts"]) * np.prod(item["discounts"])
+                expected[_key(item)] = (ret, disc, item["action"])
+        repl = replication.make("cpu:2")
+        per_replica = repl.local_results(
+            next(iter(repl.distribute(reverb_input_fn(address, config, env_spec=SPEC))))
+        )
+        assert len(per_replica) == 2
+        for batch in per_replica:
+            assert batch.observation.shape == (8, 2)  # 16 / 2 replicas, 2 items of 4.
+            for i in range(8):
+                key = tuple(float(x) for x in [*batch.observation[i], *batch.next_observation[i]])
+                ret, disc, action = expected[key]
+                assert batch.reward[i].numpy() == pytest.approx(ret, rel=1e-6)
+                assert batch.discount[i].numpy() == pytest.approx(disc, rel=1e-6, abs=1e-7)
+                np.testing.assert_allclose(batch.action[i].numpy(), action, rtol=1e-6)
+    finally:
+        server.stop()
+
+
+def test_replay_sizes_and_rate_limiter_count_transitions():
+    config = D4PGConfig.from_overrides(
+        {
+            "transitions_per_item": 16,
+            "batch_size": 64,
+            "min_replay_size": 1000,
+            "max_replay_size": 100_000,
+            "samples_per_insert": 32,
+        }
+    )
+    server = make_replay_server(config, SPEC)
+    try:
+        info = reverb.Client(f"localhost:{server.port}").server_info()[REPLAY_TABLE]
+        assert info.max_size == 100_000 // 16
+        limiter = info.rate_limiter_info
+        assert limiter.min_size_to_sample == 63  # ceil(1000 / 16) items >= 1000 transitions.
+        assert limiter.samples_per_insert == 32.0  # Per item = per transition.
+        # The error buffer of 1000 transitions' worth of samples, in items.
+        assert limiter.max_diff - limiter.min_diff == pytest.approx(2 * 63 * 32 * 0.1)
+    finally:
+        server.stop()
+
+
+def test_a_batched_actor_fills_grouped_replay_from_all_its_environments():
+    """The builder's batched actor shares one pool: items mix its environments."""
+    import environments
+    from agents.environment_loop import BatchedEnvironmentLoop
+
+    config = _config(
+        transitions_per_item=8,
+        item_pool_size=64,
+        batch_size=16,
+        policy_layers="8",
+        critic_layers="8",
+        samples_per_insert=0,
+    )
+    envs = [builder.make_environment(config, "cartpole:swingup", seed=s) for s in range(4)]
+    spec = environments.make_environment_spec(envs[0])
+    server = builder.make_replay_server(config, spec)
+    try:
+        address = f"localhost:{server.port}"
+        learner = builder.make_learner(config, spec, address, replication.make("cpu"), None)
+        actor = builder.make_batched_actor(config, spec, address, seed=1, num_envs=4)
+        BatchedEnvironmentLoop(envs, actor).run(num_episodes=4)
+        items = reverb.Client(address).server_info()[REPLAY_TABLE].current_size
+        assert items == (4 * 1000 - 64 + 8) // 8  # All but what stays in the pool.
+        learner.step()
+        assert learner.num_steps == config.updates_per_call
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"transitions_per_item": 3, "batch_size": 64}, "multiple of transitions_per_item"),
+        ({"transitions_per_item": 16, "item_pool_size": 8}, "item_pool_size (8) must be >="),
+        ({"transitions_per_item": 0}, "transitions_per_item must be >= 1"),
+        (
+            {"transitions_per_item": 16, "from_pixels": True},
+            "pixel runs keep transitions_per_item=1",
+        ),
+    ],
+)
+def test_bad_layouts_say_what_to_set(overrides, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        D4PGConfig.from_overrides(overrides)
+
+
+def test_a_replica_batch_of_partial_items_is_refused_before_sampling():
+    config = _config(transitions_per_item=32, batch_size=32)
+    with pytest.raises(ValueError, match="multiple of transitions_per_item x replicas"):
+        builder.make_learner(config, SPEC, "localhost:1", replication.make("cpu:2"), None)
+
+
+def test_grouped_replay_checkpoint_restores_into_a_new_server(tmp_path):
+    config = _config(n_step=3, transitions_per_item=4, item_pool_size=8)
+    server = make_replay_server(config, SPEC, checkpoint_dir=str(tmp_path))
+    client = reverb.Client(f"localhost:{server.port}")
+    _write_episodes(_writer(client, config), 3, [(10, 1.0), (10, 0.0)])
+    written = {
+        _key(item)
+        for e, final in enumerate((1.0, 0.0))
+        for item in _expected_items(10, e, final, 3)
+    }
+    client.checkpoint()
+    server.stop()
+    restored = make_replay_server(config, SPEC, checkpoint_dir=str(tmp_path))
+    try:
+        client = reverb.Client(f"localhost:{restored.port}")
+        assert client.server_info()[REPLAY_TABLE].current_size == 5  # 20 transitions.
+        rows = _rows(client, config, 20)
+        assert {_key(row) for row in rows} <= written and len(rows) == 80
+    finally:
+        restored.stop()
