@@ -27,6 +27,7 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "short_transitions_from_first_state": False,
     "transitions_per_item": 1,
     "item_pool_size": 256,  # Unused with one transition per item.
+    "shuffle_buffer_transitions": 4096,  # Likewise.
 }
 
 
@@ -152,12 +153,16 @@ class D4PGConfig:
     # referenced (`adders.NStepTransitionAdder`). G > 1: each item holds G whole
     # transitions, drawn at random from the actor's last `item_pool_size` ones
     # (`group_adder`), so Reverb's per-item cost is paid once per G transitions on both
-    # sides. Sampling stays uniform over transitions one by one (every item holds
-    # exactly G), but a batch of B holds B / G such groups. Sizes, samples per insert
-    # and actor-step counts stay in transitions; `batch_size` must be a multiple of G.
-    # Feature observations only (rows are float32; pixels keep 1).
+    # sides. Every item holds exactly G, so sampling items uniformly samples each
+    # transition with the same probability; the learner then mixes the rows of the
+    # items it sampled in a shuffle buffer of `shuffle_buffer_transitions` (0: off,
+    # batches of B / G whole items), so that a batch holds transitions of many items.
+    # Sizes, samples per insert and actor-step counts stay in transitions;
+    # `batch_size` must be a multiple of G. Feature observations only (rows are
+    # float32; pixels keep 1).
     transitions_per_item: int = 1
     item_pool_size: int = 256  # Transitions an actor shuffles before it writes G (G > 1).
+    shuffle_buffer_transitions: int = 4096  # Learner-side mixing of sampled rows (G > 1).
     # Acting.
     sigma: float = 0.3
     variable_update_period: int = 1000  # Actor pulls weights every K environment steps.
@@ -229,6 +234,10 @@ class D4PGConfig:
             problems.append(
                 f"batch_size ({self.batch_size}) must be a multiple of transitions_per_item "
                 f"({group}): a batch is batch_size / transitions_per_item whole items"
+            )
+        if self.shuffle_buffer_transitions < 0:
+            problems.append(
+                f"shuffle_buffer_transitions must be >= 0, got {self.shuffle_buffer_transitions}"
             )
         if group > 1 and self.from_pixels:
             problems.append(

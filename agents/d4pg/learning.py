@@ -62,8 +62,10 @@ def reverb_input_fn(
       env_spec: the environment's specs; needed with `config.transitions_per_item` > 1,
         whose rows it splits into fields (`replay.GroupedRowLayout`).
 
-    With G = `transitions_per_item` > 1 a replica's batch of B transitions is B / G
-    items sampled uniformly (see `D4PGConfig.transitions_per_item`).
+    With G = `transitions_per_item` > 1 each replica samples B / G items per batch of B
+    transitions (uniformly, as Reverb samples), and their rows pass through a shuffle
+    buffer of `config.shuffle_buffer_transitions` before they are batched (see
+    `D4PGConfig.transitions_per_item`).
     """
     discount = float(config.discount)
     layout = None
@@ -117,10 +119,18 @@ def reverb_input_fn(
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             max_samples_per_stream=SAMPLES_PER_STREAM,
         )
-        dataset = dataset.batch(items_per_batch, drop_remainder=True)
+        if config.shuffle_buffer_transitions > 1:
+            # Rows of many items are mixed before they are batched, so a batch holds
+            # transitions of ~min(B, buffer / G) items rather than B / G whole items.
+            dataset = dataset.map(lambda sample: sample.data).unbatch()
+            dataset = dataset.shuffle(config.shuffle_buffer_transitions)
+            dataset = dataset.batch(per_replica, drop_remainder=True)
+        else:
+            dataset = dataset.batch(items_per_batch, drop_remainder=True)
+            dataset = dataset.map(lambda sample: sample.data)
 
-        def split(sample: reverb.ReplaySample) -> Transition:
-            item = layout.split(tf.reshape(sample.data, [per_replica, layout.width]))
+        def split(rows: tf.Tensor) -> Transition:
+            item = layout.split(tf.reshape(rows, [per_replica, layout.width]))
             return to_transitions(reverb.ReplaySample(info=None, data=item))
 
         return dataset.map(split).prefetch(config.prefetch_size)

@@ -8,6 +8,7 @@ replay's sizes and rate limiter in transitions.
 import numpy as np
 import pytest
 import reverb
+import tensorflow as tf
 
 import replication
 from agents.d4pg import builder
@@ -140,10 +141,17 @@ def test_an_item_draws_its_transitions_from_the_whole_pool():
         server.stop()
 
 
-def test_learner_batches_are_exact_n_step_transitions_across_replicas():
+@pytest.mark.parametrize("shuffle", [0, 64], ids=["whole_items", "shuffled_rows"])
+def test_learner_batches_are_exact_n_step_transitions_across_replicas(shuffle):
     """Grouped replay -> the learner's input on 2 replicas -> whole (R_t, D_t) rows."""
     n, episodes = 3, [(9, 0.0), (6, 1.0), (11, 0.0)]
-    config = _config(n_step=n, transitions_per_item=4, item_pool_size=8, batch_size=16)
+    config = _config(
+        n_step=n,
+        transitions_per_item=4,
+        item_pool_size=8,
+        batch_size=16,
+        shuffle_buffer_transitions=shuffle,
+    )
     server = make_replay_server(config, SPEC)
     try:
         address = f"localhost:{server.port}"
@@ -167,6 +175,30 @@ def test_learner_batches_are_exact_n_step_transitions_across_replicas():
                 assert batch.reward[i].numpy() == pytest.approx(ret, rel=1e-6)
                 assert batch.discount[i].numpy() == pytest.approx(disc, rel=1e-6, abs=1e-7)
                 np.testing.assert_allclose(batch.action[i].numpy(), action, rtol=1e-6)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("shuffle", [0, 256], ids=["whole_items", "shuffled_rows"])
+def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle):
+    """Items of 4 consecutive steps (pool = G): whole-item batches keep them together."""
+    config = _config(
+        n_step=1,
+        transitions_per_item=4,
+        item_pool_size=4,
+        batch_size=64,
+        shuffle_buffer_transitions=shuffle,
+    )
+    server = make_replay_server(config, SPEC)
+    try:
+        address = f"localhost:{server.port}"
+        _write_episodes(_writer(reverb.Client(address), config), 1, [(400, 1.0)])
+        batch = next(
+            iter(reverb_input_fn(address, config, env_spec=SPEC)(tf.distribute.InputContext()))
+        )
+        steps = batch.observation[:, 0].numpy().reshape(16, 4)  # Aligned quads of rows.
+        together = np.mean(steps.max(axis=1) - steps.min(axis=1) == 3)
+        assert together == (1.0 if shuffle == 0 else pytest.approx(0.0, abs=0.2))
     finally:
         server.stop()
 

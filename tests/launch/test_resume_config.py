@@ -12,7 +12,7 @@ from launch.run_dir import RunDirError
 pytestmark = pytest.mark.timeout(120)
 
 ACME_OPTIONS = ("act_with_target_policy", "network_init", "short_transitions_from_first_state")
-LAYOUT_KEYS = ("transitions_per_item", "item_pool_size")
+LAYOUT_KEYS = ("transitions_per_item", "item_pool_size", "shuffle_buffer_transitions")
 LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS
 
 
