@@ -203,6 +203,8 @@ class D4PGLearner(core.Learner):
         self._config = config
         self._repl = replicator
         self._client = replay_client
+        self._publisher: variables.WeightsPublisher | None = None  # Made at the first publish.
+        self._readers: dict[str, Callable] = {}  # Compiled reads of variable groups.
         replicator.per_replica_batch_size(config.batch_size)  # Clear error if not divisible.
         tf.random.set_seed(config.seed)
         with replicator.scope():
@@ -415,7 +417,7 @@ class D4PGLearner(core.Learner):
             ) from None
         period = self._config.publish_period
         if self._client is not None and self.num_steps // period > self._published_at // period:
-            self.publish_variables()
+            self.publish_variables(wait=False)
         result = {name: float(value) for name, value in metrics.items()}
         self._support_monitor.observe(result)
         spi = self._replay_ratio.update(self.num_steps)
@@ -456,7 +458,14 @@ class D4PGLearner(core.Learner):
         unknown = [n for n in names if n not in groups]
         if unknown:
             raise ValueError(f"Unknown variable group(s) {unknown}; valid: {sorted(groups)}")
-        return [[np.asarray(v.numpy()) for v in groups[n]()] for n in names]
+        for name in names:
+            if name not in self._readers:
+                # One compiled read per group: `.numpy()` on each distributed variable
+                # costs ~100 us apiece, which publishing every call of the update paid.
+                self._readers[name] = tf.function(
+                    lambda read=groups[name]: [tf.identity(v) for v in read()]
+                )
+        return [[t.numpy() for t in self._readers[n]()] for n in names]
 
     def acting_weights(self) -> list[np.ndarray]:
         """The policy actors, the evaluator and snapshots use, in actor order: the target
@@ -464,14 +473,20 @@ class D4PGLearner(core.Learner):
         group = "target_policy" if self._config.act_with_target_policy else "policy"
         return self.get_variables([group])[0]
 
-    def publish_variables(self) -> None:
-        """Writes `acting_weights()` to the "params" table, tagged with `num_steps`."""
+    def publish_variables(self, wait: bool = True) -> None:
+        """Writes `acting_weights()` to the "params" table, tagged with `num_steps`.
+
+        Returns once they are stored, or with `wait=False` (the periodic publishing of
+        `step`) once the previous publish is: the newest may still be on its way.
+        """
         if self._client is None:
             raise RuntimeError(
                 "This learner has no replay client to publish to "
                 "(construct it with replay_client=reverb.Client(address))."
             )
-        variables.publish(self._client, self.num_steps, self.acting_weights())
+        if self._publisher is None:
+            self._publisher = variables.WeightsPublisher(self._client)
+        self._publisher.publish(self.num_steps, self.acting_weights(), wait=wait)
         self._published_at = self.num_steps
 
     def reconnect(self, replay_client: reverb.Client | None = None) -> None:
@@ -483,6 +498,7 @@ class D4PGLearner(core.Learner):
         self._iterator = iter(self._repl.distribute(self._input_fn))
         if replay_client is not None:
             self._client = replay_client
+            self._publisher = None  # Its writer belonged to the old connection.
 
     def optimizer_state(self) -> list[np.ndarray]:
         """All optimiser variables (moments and step counts) as numpy, for tests/inspection."""

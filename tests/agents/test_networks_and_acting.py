@@ -101,7 +101,9 @@ def test_noise_stays_inside_the_action_spec():
     np.testing.assert_array_equal(evaluator.select_action(obs), policy(obs))
 
 
-def test_actor_pulls_published_weights_every_k_steps():
+@pytest.mark.parametrize("publisher", ["insert", "learner_writer"])
+def test_actor_pulls_published_weights_every_k_steps(publisher):
+    """Weights published by `variables.publish` or the learner's writer read the same."""
     config = D4PGConfig.from_overrides(
         {
             "policy_layers": "8",
@@ -135,11 +137,15 @@ def test_actor_pulls_published_weights_every_k_steps():
             return np.stack([actor.select_action(o) for o in obs])
 
         assert not np.allclose(expected(7), expected(8), atol=1e-3)
-        variables.publish(client, 7, versions[7])
+        publish = variables.publish
+        if publisher == "learner_writer":
+            writer = variables.WeightsPublisher(client)
+            publish = lambda _, version, arrays: writer.publish(version, arrays)  # noqa: E731
+        publish(client, 7, versions[7])
         actor.update(wait=True)
         assert actor.weights_version == 7
         np.testing.assert_array_equal(acted(), expected(7))
-        variables.publish(client, 8, versions[8])
+        publish(client, 8, versions[8])
         actor.update()  # Calls 2, 3 of this period: not due yet.
         actor.update()
         assert actor.weights_version == 7
