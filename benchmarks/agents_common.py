@@ -94,6 +94,33 @@ class ReplayServerProcess:
         self.close()
 
 
+def fixed_batch_input_fn(config, obs_dim: int, act_dim: int, seed: int = 0):
+    """A learner input_fn repeating one random feature batch: the in-memory baseline.
+
+    The learner's cost on it is the update alone, with no sampling, so a Reverb-fed rate
+    divided by this one is what the replay costs.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from agents.d4pg.learning import Transition
+
+    rng = np.random.default_rng(seed)
+
+    def input_fn(ctx):
+        b = ctx.get_per_replica_batch_size(config.batch_size)
+        data = Transition(
+            rng.normal(size=(b, obs_dim)).astype(np.float32),
+            rng.uniform(-1, 1, (b, act_dim)).astype(np.float32),
+            rng.normal(size=b).astype(np.float32),
+            np.full(b, 0.95, np.float32),
+            rng.normal(size=(b, obs_dim)).astype(np.float32),
+        )
+        return tf.data.Dataset.from_tensors(data).repeat()
+
+    return input_fn
+
+
 def machine_note() -> dict:
     load = os.getloadavg()
     return {

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # The repository r
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # agents_common.
 
 import numpy as np
-from agents_common import ReplayServerProcess, write_result
+from agents_common import ReplayServerProcess, fixed_batch_input_fn, write_result
 
 TASK = "cartpole:swingup"
 SIZES = {
@@ -137,7 +137,7 @@ def main() -> None:
     import environments
     from agents.d4pg.adders import NStepTransitionAdder
     from agents.d4pg.config import D4PGConfig
-    from agents.d4pg.learning import D4PGLearner, Transition, reverb_input_fn
+    from agents.d4pg.learning import D4PGLearner, reverb_input_fn
 
     ks = [int(k) for k in args.ks.split(",")]
     env = environments.make(TASK, seed=0)
@@ -164,15 +164,7 @@ def main() -> None:
             overrides = {**SIZES[size], "samples_per_insert": 0, "min_replay_size": 1000}
 
             def fixed_input_fn(ctx, config):
-                b = ctx.get_per_replica_batch_size(config.batch_size)
-                data = Transition(
-                    rng.normal(size=(b, obs_dim)).astype(np.float32),
-                    rng.uniform(-1, 1, (b, act_dim)).astype(np.float32),
-                    rng.normal(size=b).astype(np.float32),
-                    np.full(b, 0.95, np.float32),
-                    rng.normal(size=(b, obs_dim)).astype(np.float32),
-                )
-                return tf.data.Dataset.from_tensors(data).repeat()
+                return fixed_batch_input_fn(config, obs_dim, act_dim, seed=0)(ctx)
 
             learners = {}
             for k in ks:

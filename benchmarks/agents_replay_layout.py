@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # agents_common, bench
 
 import numpy as np
 from agents_actor_throughput import batched_runner, raw_runner, single_runner
-from agents_common import ReplayServerProcess, write_result
+from agents_common import ReplayServerProcess, fixed_batch_input_fn, write_result
 
 TASK = "cartpole:swingup"
 UPDATES_PER_CALL = 8
@@ -73,32 +73,19 @@ def _fill(config, address: str, episodes: int) -> None:
 
 
 def learner_rounds(configs: dict, args, loads: list) -> dict:
-    import tensorflow as tf
-
     import environments
     import replication
-    from agents.d4pg.learning import D4PGLearner, Transition, reverb_input_fn
+    from agents.d4pg.learning import D4PGLearner, reverb_input_fn
 
     spec = environments.make_environment_spec(environments.make(TASK, seed=0))
     obs_dim, act_dim = spec.observations.shape[0], spec.actions.shape[0]
     repl = replication.make("cpu")
-    rng = np.random.default_rng(0)
-
-    def fixed_input_fn(ctx, config):
-        b = ctx.get_per_replica_batch_size(config.batch_size)
-        data = Transition(
-            rng.normal(size=(b, obs_dim)).astype(np.float32),
-            rng.uniform(-1, 1, (b, act_dim)).astype(np.float32),
-            rng.normal(size=b).astype(np.float32),
-            np.full(b, 0.95, np.float32),
-            rng.normal(size=(b, obs_dim)).astype(np.float32),
-        )
-        return tf.data.Dataset.from_tensors(data).repeat()
 
     servers = {}
     try:
         base = configs["g1"]
-        learners = {"fixed": D4PGLearner(base, spec, repl, lambda ctx: fixed_input_fn(ctx, base))}
+        fixed = fixed_batch_input_fn(base, obs_dim, act_dim)
+        learners = {"fixed": D4PGLearner(base, spec, repl, fixed)}
         for name, config in configs.items():
             servers[name] = ReplayServerProcess(config, TASK)
             _fill(config, servers[name].address, args.fill_episodes)

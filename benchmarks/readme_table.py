@@ -119,6 +119,32 @@ def _kills_text(kills: list[Mapping[str, Any]]) -> str:
     return f"{len(kills)} kills: " + ", ".join(f"{n} {victim}" for victim, n in by_count)
 
 
+def _layout_suite_text(grouped: Mapping[str, Any]) -> str:
+    """Per task: the grouped layout's mean return at 100k and 200k against the default's."""
+    default = json.loads((RESULTS / "agents_learning_suite.json").read_text(encoding="utf-8"))
+
+    def at(summary: Mapping[str, Any] | None, steps: str, spread: bool = False) -> str:
+        point = (summary or {}).get("at_steps", {}).get(steps)
+        if not point:
+            return "-"
+        ours = point["ours"]
+        text = f"{ours['mean']:.0f}"
+        return text + (f" ({ours['min']:.0f}-{ours['max']:.0f})" if spread else "")
+
+    parts = []
+    for task, summary in sorted(grouped["summary"].items()):
+        base = default["summary"].get(task)
+        seeds = ", ".join(map(str, summary["seeds"]))
+        base_seeds = ", ".join(map(str, base["seeds"])) if base else "-"
+        parts.append(
+            f"`{task}` (seeds {seeds} vs {base_seeds}): {at(summary, '100000')} vs "
+            f"{at(base, '100000', True)} at 100k, {at(summary, '200000')} vs "
+            f"{at(base, '200000', True)} at 200k, {summary['wall_s']['mean'] / 60:.1f} vs "
+            f"{base['wall_s']['mean'] / 60 if base else float('nan'):.1f} min"
+        )
+    return "; ".join(parts)
+
+
 _PAPER = "sizes/paper"
 _QUICK = "sizes/quick"
 
@@ -278,6 +304,57 @@ ROWS: tuple[Row, ...] = (
         "{ratio_median|.3f} (median of {rounds}); noisy",
         Target(">=", 1.7, "ratio_median"),
         derived={"rounds": lambda d: " and ".join(f"{r:.2f}" for r in d["ratios_2_over_1"])},
+    ),
+    Row(
+        "agents_replay_layout.json",
+        "`agents_replay_layout`: quick-size learner (8 updates per call) fed from Reverb / "
+        "fed a fixed in-memory batch, 16 transitions per item and 1, in the same run",
+        "{learner/reverb_over_fixed/reverb_g16|.2f} with 16 per item, "
+        "{learner/reverb_over_fixed/reverb_g1|.2f} with 1 "
+        "({learner/median_updates_per_second/reverb_g16|.0f} and "
+        "{learner/median_updates_per_second/reverb_g1|.0f} vs "
+        "{learner/median_updates_per_second/fixed|.0f} updates/s){noise}",
+        Target(">=", 0.9, "learner/reverb_over_fixed/reverb_g16", label="16 per item"),
+        derived={"noise": lambda d: "; noisy" if d["noisy"] else ""},
+    ),
+    Row(
+        "agents_replay_layout.json",
+        "`agents_replay_layout`: one actor with K=16 environments, steps/s / raw unwrapped "
+        "`env.step`, 16 transitions per item and 1, in the same run",
+        "{actor/actor_over_raw_wall/g16_k16|.2f} wall with 16 per item, "
+        "{actor/actor_over_raw_wall/g1_k16|.2f} with 1 (K=1: "
+        "{actor/actor_over_raw_wall/g16_k1|.2f} and {actor/actor_over_raw_wall/g1_k1|.2f}; "
+        "raw {actor/median_steps_per_second/raw|.0f} steps/s){noise}",
+        Target(">=", 0.8, "actor/actor_over_raw_wall/g16_k16", label="16 per item, K=16"),
+        derived={"noise": lambda d: "; noisy" if d["noisy"] else ""},
+    ),
+    Row(
+        "launch_replay_layout.json",
+        "`launch_replay_layout`: the README's main command with 16 transitions per item / 1 "
+        "per item, learner updates/s; and wall time to eval return 800, median of 3 seeds "
+        "each, in the same run",
+        "{summary/16/learner_updates_per_s_over_g1|.2f} "
+        "({summary/16/median_learner_updates_per_s|.0f} vs "
+        "{summary/1/median_learner_updates_per_s|.0f} updates/s); to 800: "
+        "{summary/16/median_seconds_to_target|.0f} s vs {summary/1/median_seconds_to_target|.0f}"
+        " s, {steps16|.0f}k vs {steps1|.0f}k actor steps ({summary/16/seeds_reached} and "
+        "{summary/1/seeds_reached} of {seeds} seeds reached){noise}",
+        Target(">=", 2.0, "summary/16/learner_updates_per_s_over_g1", label="updates/s"),
+        derived={
+            "steps16": lambda d: d["summary"]["16"]["median_actor_steps_to_target"] / 1000,
+            "steps1": lambda d: d["summary"]["1"]["median_actor_steps_to_target"] / 1000,
+            "seeds": lambda d: len(d["seeds"]),
+            "noise": lambda d: "; noisy" if d["noisy"] else "",
+        },
+    ),
+    Row(
+        "agents_learning_suite_g16.json",
+        "`agents_learning_suite --launch-flag=--config.transitions_per_item=16`: mean eval "
+        "return with 16 transitions per item vs the default's (1 per item: mean and range of "
+        "its seeds), and minutes per run (two runs at a time in both; the default's also "
+        "shared the machine with other work)",
+        "{tasks}",
+        derived={"tasks": _layout_suite_text},
     ),
     Row(
         "launch_time_to_score.json",

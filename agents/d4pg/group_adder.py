@@ -176,13 +176,11 @@ class NStepGroupAdder(core.Adder):
         self._actions: collections.deque = collections.deque()  # a_t .. newest
         self._rewards: collections.deque = collections.deque()
         self._discounts: collections.deque = collections.deque()
-        self._steps = 0  # Steps of this episode so far.
 
     def reset(self) -> None:
         """Drops the unfinished episode: its steps create no further transitions."""
         for window in (self._observations, self._actions, self._rewards, self._discounts):
             window.clear()
-        self._steps = 0
 
     def add_first(self, timestep: dm_env.TimeStep) -> None:
         if not timestep.first():
@@ -200,7 +198,6 @@ class NStepGroupAdder(core.Adder):
         self._rewards.append(float(next_timestep.reward))
         self._discounts.append(float(next_timestep.discount))
         self._observations.append(next_timestep.observation)
-        self._steps += 1
         if len(self._actions) == self._n:
             self._emit(0)  # o_t -> o_{t+n} is complete: t leaves the window.
             for window in (self._observations, self._actions, self._rewards, self._discounts):

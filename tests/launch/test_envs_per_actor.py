@@ -12,40 +12,25 @@ from tests.launch import d4pg_support as s
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_batched_actor_launch_runs_end_to_end(tmp_path):
-    run_dir = str(tmp_path / "run")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch.cli",
-            "launch",
-            "d4pg",
-            "--backend",
-            "local",
-            "--env",
-            s.TASK,
-            "--actors",
-            "1",
-            "--envs-per-actor",
-            "3",
-            "--steps",
-            "1200",
-            "--run-dir",
-            run_dir,
-            "--eval-every",
-            "2",
-            "--eval-episodes",
-            "1",
-            "--progress-every",
-            "2",
-            *s.TINY_FLAGS,
-        ],
+def _launch(run_dir: str, *flags: str) -> subprocess.CompletedProcess:
+    """`replicator launch d4pg` with tiny networks on the local backend, one actor."""
+    return subprocess.run(
+        [sys.executable, "-m", "launch.cli", "launch", "d4pg", "--backend", "local"]
+        + ["--env", s.TASK, "--actors", "1", "--run-dir", run_dir, *flags, *s.TINY_FLAGS],
         cwd=s.REPO,
         capture_output=True,
         text=True,
         timeout=400,
         env=dict(os.environ),
+    )
+
+
+def test_batched_actor_launch_runs_end_to_end(tmp_path):
+    run_dir = str(tmp_path / "run")
+    proc = _launch(
+        run_dir,
+        *("--envs-per-actor", "3", "--steps", "1200", "--eval-every", "2"),
+        *("--eval-episodes", "1", "--progress-every", "2"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Finished: " in proc.stdout
@@ -69,38 +54,10 @@ def test_envs_per_actor_must_be_positive(tmp_path, capsys):
 def test_grouped_replay_items_launch_counts_transitions(tmp_path):
     """G transitions per item: replay sizes and the evaluator's step count stay in steps."""
     run_dir = str(tmp_path / "run")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch.cli",
-            "launch",
-            "d4pg",
-            "--backend",
-            "local",
-            "--env",
-            s.TASK,
-            "--actors",
-            "1",
-            "--envs-per-actor",
-            "2",
-            "--steps",
-            "2000",
-            "--run-dir",
-            run_dir,
-            "--eval-every-steps",
-            "500",
-            "--eval-episodes",
-            "1",
-            *s.TINY_FLAGS,
-            "--config.transitions_per_item=4",
-            "--config.item_pool_size=32",
-        ],
-        cwd=s.REPO,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env=dict(os.environ),
+    proc = _launch(
+        run_dir,
+        *("--envs-per-actor", "2", "--steps", "2000", "--eval-every-steps", "500"),
+        *("--eval-episodes", "1", "--config.transitions_per_item=4", "--config.item_pool_size=32"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     steps = sum(r.get("actor_steps", 0) for r in s.records(run_dir, "actor_0", "count"))
