@@ -66,5 +66,5 @@ def test_grouped_replay_items_launch_counts_transitions(tmp_path):
     # episodes wrote, minus what stayed in the actor's pool (< 32); whole items of 4.
     assert size % 4 == 0 and steps - 32 <= size <= steps + 2 * 200, (size, steps)
     inserts = [r["replay_inserts"] for r in s.records(run_dir, "evaluator", "eval")]
-    assert len(inserts) >= 4 and all(n % 4 == 0 for n in inserts), inserts
+    assert len(inserts) >= 2 and all(n % 4 == 0 for n in inserts), inserts
     assert inserts[-1] >= 1500  # Counted in transitions: items alone would stay below 500.
