@@ -35,6 +35,26 @@ def _rotated(names: list[str], r: int) -> list[str]:
     return names[r % len(names) :] + names[: r % len(names)]
 
 
+def _rounds(measure, names: list[str], rounds: int, loads: list, label: str) -> tuple:
+    """`measure(name)` -> (per s wall, per CPU second) for each name, in rotated order per
+    round; returns the rounds ({name: [wall...]}, {name: [cpu...]}), loads appended."""
+    wall: dict = {name: [] for name in names}
+    cpu: dict = {name: [] for name in names}
+    for r in range(rounds):
+        for name in _rotated(names, r):
+            w, c = measure(name)
+            wall[name].append(w)
+            cpu[name].append(c)
+        loads.append(os.getloadavg()[0])
+        print(
+            f"{label} round {r}: "
+            + ", ".join(f"{n} {wall[n][-1]:.0f}/s" for n in names)
+            + f"; load {loads[-1]:.2f}",
+            flush=True,
+        )
+    return wall, cpu
+
+
 def _rate(fn, units_per_call: int, seconds: float, probe: float) -> tuple[float, float]:
     """(units/s wall, units per process-CPU second) of `fn` over about `seconds`."""
     calls = max(3, int(seconds / probe))
@@ -98,20 +118,13 @@ def learner_rounds(configs: dict, args, loads: list) -> dict:
         start = time.perf_counter()
         learners["fixed"].step()
         probe = max(time.perf_counter() - start, 1e-3)
-        wall = {name: [] for name in learners}
-        cpu = {name: [] for name in learners}
-        for r in range(args.rounds):
-            for name in _rotated(list(learners), r):
-                w, c = _rate(learners[name].step, UPDATES_PER_CALL, args.seconds, probe)
-                wall[name].append(w)
-                cpu[name].append(c)
-            loads.append(os.getloadavg()[0])
-            print(
-                f"learner round {r}: "
-                + ", ".join(f"{n} {wall[n][-1]:.0f}/s" for n in learners)
-                + f"; load {loads[-1]:.2f}",
-                flush=True,
-            )
+        wall, cpu = _rounds(
+            lambda name: _rate(learners[name].step, UPDATES_PER_CALL, args.seconds, probe),
+            list(learners),
+            args.rounds,
+            loads,
+            "learner",
+        )
     finally:
         for server in servers.values():
             server.close()
@@ -146,22 +159,13 @@ def actor_rounds(configs: dict, args, loads: list) -> dict:
             runners[f"{name}_k16"], _ = batched_runner(config, spec, server.address, 16)
         for run in runners.values():  # Warm-up: first pull, writer setup, caches.
             run(512)
-        names = list(runners)
-        wall = {name: [] for name in names}
-        cpu = {name: [] for name in names}
-        for r in range(args.rounds):
-            for name in _rotated(names, r):
-                w0, c0 = time.perf_counter(), time.process_time()
-                done = runners[name](args.actor_steps)
-                wall[name].append(done / (time.perf_counter() - w0))
-                cpu[name].append(done / max(time.process_time() - c0, 1e-9))
-            loads.append(os.getloadavg()[0])
-            print(
-                f"actor round {r}: "
-                + ", ".join(f"{n} {wall[n][-1]:.0f}/s" for n in names)
-                + f"; load {loads[-1]:.2f}",
-                flush=True,
-            )
+
+        def measure(name: str) -> tuple[float, float]:
+            w0, c0 = time.perf_counter(), time.process_time()
+            done = runners[name](args.actor_steps)
+            return done / (time.perf_counter() - w0), done / max(time.process_time() - c0, 1e-9)
+
+        wall, cpu = _rounds(measure, list(runners), args.rounds, loads, "actor")
     finally:
         for server in servers.values():
             server.close()
