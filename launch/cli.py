@@ -32,6 +32,9 @@ from collections.abc import Sequence
 from launch.errors import EXIT_INTERRUPTED, EXIT_NODE_FAILED, LaunchError
 
 _PROG = "replicator"
+# A relaunch waits this long for nodes of a killed launch still saving in the run dir (a
+# node exits at most its stop timeout after its launcher died; the replay's is 60 s).
+_PREVIOUS_NODES_WAIT_S = 180.0
 # Modules that may register `replicator train NAME` (each has `register(subparsers)`).
 _TRAIN_MODULES = ("vision.resnet.cli", "vision.sngan.cli")
 
@@ -386,13 +389,18 @@ def _default_run_dir(task: str) -> str:
 
 
 def _check_port_free(port: int) -> None:
-    """Reverb binds [::]:PORT on every interface; check that nothing holds it."""
+    """Reverb binds [::]:PORT on every interface; check that nothing listens there.
+
+    With SO_REUSEADDR, as gRPC binds: connections of a stopped replay that linger in
+    TIME_WAIT (a relaunch right after a clean stop) do not keep the port.
+    """
     for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError:
             continue
         try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, port))
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
@@ -466,8 +474,10 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
         from launch.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
         from launch.ray_backend import import_ray  # pylint: disable=import-outside-toplevel
 
-        # $RAY_ADDRESS means the same as --ray-address (Ray itself would read it).
-        args.ray_address = args.ray_address or os.environ.get("RAY_ADDRESS") or None
+        # $RAY_ADDRESS means the same as --ray-address (Ray itself would read it), and
+        # beats the address a resumed run stored: the cluster may have moved since.
+        if "ray_address" not in given and os.environ.get("RAY_ADDRESS"):
+            args.ray_address = os.environ["RAY_ADDRESS"]
         # Fail fast, before the heavier checks, if Ray is missing.
         import_ray(
             loopback=args.ray_address is None and advertise_host_for(args.bind_host) is not None
@@ -584,6 +594,7 @@ def _launch_d4pg(raw_args) -> int:
 
     from launch import d4pg_program, launcher, quiet, run_settings  # pylint: disable=import-outside-toplevel
     from launch.metrics import Progress  # pylint: disable=import-outside-toplevel
+    from launch.run_dir import LOCK_FILES  # pylint: disable=import-outside-toplevel
 
     settings, config, identity, run_dir, resuming, args, given = _resolve_d4pg(
         raw_args, raw_args.config_overrides
@@ -591,9 +602,9 @@ def _launch_d4pg(raw_args) -> int:
     created = not os.path.exists(run_dir.root)
     # The object holding the lock: `run_dir` is resolved again below, as a new object.
     locked = run_dir
-    locked.lock()
+    locked.lock(wait_for_nodes_s=_PREVIOUS_NODES_WAIT_S, notify=lambda m: print(m, flush=True))
     # Ours to remove on failure only if nobody else wrote into it before we locked it.
-    created = created and set(os.listdir(run_dir.root)) <= {".launch.lock"}
+    created = created and set(os.listdir(run_dir.root)) <= LOCK_FILES
     try:
         try:
             # Again under the lock: another launcher may have written the run meanwhile.

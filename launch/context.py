@@ -19,6 +19,10 @@ from typing import Any
 
 Sink = Callable[[str], None]
 
+# Published under this key + the node's name: the seconds the node needs to stop (see
+# `NodeContext.need_stop_time`). No node's arguments refer to it.
+STOP_TIME_KEY = "stop_time_needed/"
+
 
 class NodeContext:
     """The launcher-facing side of a running node.
@@ -102,6 +106,15 @@ class NodeContext:
         """Makes `value` (JSON data) available to nodes whose kwargs hold `Ref(key)`."""
         json.dumps(value)
         self._publish_sink(key, value)
+
+    def need_stop_time(self, seconds: float) -> None:
+        """Asks for `seconds` between a stop request and a kill, when more than the node's
+        `stop_timeout` (e.g. a replay whose checkpoint grew with its tables): the
+        supervisor and a node whose launcher died both wait that long."""
+        self.stop_time_needed = float(seconds)
+        self.publish(STOP_TIME_KEY + self.name, self.stop_time_needed)
+
+    stop_time_needed: float = 0.0
 
     def path(self, *parts: str) -> str:
         """A path inside the run directory, its parent directories created."""

@@ -23,13 +23,17 @@ import os
 import time
 from typing import Any
 
+from launch import replay_link
 from launch.errors import NodeStartupError
 from launch.replay_link import reconnect_or_raise, replay_reachable, wait_for_replay
+from launch.run_dir import write_json_atomic
 
 REPLAY_ADDRESS = "replay_address"
 _CHECKPOINTS = "checkpoints"
 _ADDRESS_FILE = "replay_address.json"  # In checkpoints/: the port a restarted replay rebinds.
 RECONNECT_TIMEOUT_S = 600.0  # How long clients wait for a restarting replay before failing.
+# The replay node's stop timeout (it asks for more once its checkpoints take longer).
+REPLAY_STOP_TIMEOUT_S = 60.0
 
 
 def _config(config: dict[str, Any]):
@@ -107,9 +111,7 @@ def replay(
     )
     ctx.gauge(replay_size=size)
     address_file = ctx.path(_CHECKPOINTS, _ADDRESS_FILE)
-    with open(address_file + ".tmp", "w", encoding="utf-8") as f:
-        json.dump({"host": ctx.advertise_host, "port": server.port}, f)
-    os.replace(address_file + ".tmp", address_file)
+    write_json_atomic(address_file, {"host": ctx.advertise_host, "port": server.port})
     ctx.publish(REPLAY_ADDRESS, f"{ctx.advertise_host}:{server.port}")
 
     def checkpoint(what: str) -> None:
@@ -119,6 +121,8 @@ def replay(
         path = client.checkpoint()
         after = replay_lib.transitions(replay_lib.table_size(client), cfg)
         seconds = time.monotonic() - t0
+        # The final checkpoint must fit in the stop timeout: ask for twice the last one.
+        ctx.need_stop_time(max(REPLAY_STOP_TIMEOUT_S, 2 * seconds + 10))
         ctx.gauge(replay_size=after)
         ctx.record("replay_checkpoint", size_before=before, size_after=after, seconds=seconds)
         ctx.log(f"{what} ({before}..{after} transitions, {seconds:.2f}s): {path}")
@@ -237,20 +241,35 @@ def learner(
             try:
                 metrics = agent.step()
             except ReplayTimeoutError:
-                # Waiting for actors (or for min_replay_size)... or for a dead replay.
+                # Waiting for actors (or for min_replay_size)... or for a dead replay, or
+                # for one that came back without the weights (none checkpointed yet).
                 if time.monotonic() - last_probe >= 10.0:
                     last_probe = time.monotonic()
-                    if not replay_reachable(replay_address) and _reconnect_learner(
-                        ctx,
-                        agent,
-                        replay_address,
-                        TimeoutError("replay unavailable"),
-                        reverb,
-                        publish=is_chief,
-                    ):
-                        continue
+                    if not replay_reachable(replay_address):
+                        _reconnect_learner(
+                            ctx,
+                            agent,
+                            replay_address,
+                            TimeoutError("replay unavailable"),
+                            reverb,
+                            publish=is_chief,
+                        )
+                    elif is_chief and _republish_if_missing(ctx, agent):
+                        ctx.log(
+                            f"the replay holds no weights (restarted without them); "
+                            f"republished at step {agent.num_steps}"
+                        )
                 continue
             except Exception as e:  # pylint: disable=broad-except
+                if workers > 1 and not ctx.should_stop():
+                    # Workers reconnecting one by one would resume at different updates
+                    # and wait in an all-reduce for ever: the group restarts as a whole,
+                    # in lockstep, from the chief's checkpoint (`Node.group`).
+                    ctx.log(
+                        f"lost the replay or a peer ({type(e).__name__}: {str(e)[:160]}); "
+                        "the learner group restarts from the last checkpoint"
+                    )
+                    raise
                 if _reconnect_learner(ctx, agent, replay_address, e, reverb, publish=is_chief):
                     continue
                 raise
@@ -302,6 +321,18 @@ def _reconnect_learner(
         agent.publish_variables()
     ctx.log(f"reconnected to the replay at {address}; updates resume at step {agent.num_steps}")
     return True
+
+
+def _republish_if_missing(ctx, agent) -> bool:
+    """`agent.republish_if_missing()`, False when the replay went away meanwhile (the next
+    probe reconnects)."""
+    try:
+        return agent.republish_if_missing()
+    except Exception as e:  # pylint: disable=broad-except
+        if not replay_link.is_connection_error(e):
+            raise
+        ctx.log(f"could not check the replay's weights ({type(e).__name__}); retrying")
+        return False
 
 
 def _replay_back(ctx, address: str, error: BaseException) -> bool:
@@ -472,7 +503,8 @@ def evaluator(
     client = reverb.Client(replay_address)
 
     def actor_steps() -> int:
-        state = bottleneck.LimiterState.from_table_info(client.server_info()[REPLAY_TABLE])
+        info = client.server_info(timeout=10)  # Raises, not hangs, on a replay gone away.
+        state = bottleneck.LimiterState.from_table_info(info[REPLAY_TABLE])
         return state.inserts * cfg.transitions_per_item
 
     evaluated = None

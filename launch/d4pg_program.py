@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from launch.d4pg_nodes import REPLAY_STOP_TIMEOUT_S
 from launch.program import Node, Program, Ref, Resources, RestartPolicy
 
 _NODES = "launch.d4pg_nodes"
@@ -183,6 +184,9 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
             stop_phase=0,
             stop_timeout=30.0 if index == 0 else 15.0,
             group="learner" if group else "",
+            # Workers other than the chief save nothing (the chief writes the checkpoint):
+            # killing one at its stop deadline loses nothing.
+            stateless=index > 0,
         )
         for index, name in enumerate(settings.learner_names())
     ]
@@ -205,7 +209,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 **budget,
             ),
             stop_phase=2,
-            stop_timeout=60.0,
+            stop_timeout=REPLAY_STOP_TIMEOUT_S,
         ),
         *learners,
     ]

@@ -36,6 +36,20 @@ class NodeStartupError(Exception):
 _DETERMINISTIC = (ImportError, SyntaxError, NodeStartupError)
 
 
+# An ImportError with one of these is the machine's state, not the code: loading a shared
+# library failed for lack of memory or of a resource (seen under memory pressure).
+_TRANSIENT_IMPORT_MARKERS = (
+    "cannot allocate memory",
+    "failed to map segment",
+    "resource temporarily unavailable",
+    "too many open files",
+)
+
+
 def is_deterministic(error: BaseException) -> bool:
     """True when `error` would recur on every restart (so restarting only wastes time)."""
+    if isinstance(error, ImportError) and not isinstance(error, ModuleNotFoundError):
+        text = str(error).lower()
+        if any(marker in text for marker in _TRANSIENT_IMPORT_MARKERS):
+            return False
     return isinstance(error, _DETERMINISTIC)

@@ -22,17 +22,22 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 from launch.context import FileSink, NodeContext
 from launch.errors import EXIT_NODE_STARTUP_ERROR, is_deterministic
 from launch.program import check_arguments, load_entry_point
+from launch.run_dir import hold_nodes_lock, write_json_atomic
 
 _PR_SET_PDEATHSIG = 1
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def die_with_parent(parent_pid: int, stop: threading.Event, stop_timeout: float) -> None:
-    """Stops this node when `parent_pid` (the launcher) ends, and exits `stop_timeout` later.
+def die_with_parent(
+    parent_pid: int, stop: threading.Event, stop_timeout: Callable[[], float]
+) -> None:
+    """Stops this node when `parent_pid` (the launcher) ends, and exits `stop_timeout()`
+    seconds later (read then: the node may have asked for more since it started).
 
     The stop request lets the body save (a learner checkpoint, the replay tables); the
     deadline guarantees that no node is left running without a launcher.
@@ -49,14 +54,15 @@ def die_with_parent(parent_pid: int, stop: threading.Event, stop_timeout: float)
     def watch():
         while os.getppid() == parent_pid:
             time.sleep(0.5)
+        seconds = stop_timeout()
         print(
             f"[node] the launcher (pid {parent_pid}) is gone: stopping, "
-            f"{stop_timeout:g}s to save and exit",
+            f"{seconds:g}s to save and exit",
             file=sys.stderr,
             flush=True,
         )
         stop.set()
-        time.sleep(stop_timeout)
+        time.sleep(seconds)
         print("[node] still running at the stop deadline; exiting", file=sys.stderr, flush=True)
         os._exit(1)
 
@@ -100,10 +106,7 @@ def _publish_to(path: str):
     def publish(key, value):
         with lock:
             values[key] = value
-            tmp = f"{path}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(values, f)
-            os.replace(tmp, path)
+            write_json_atomic(path, values, indent=None)
 
     return publish
 
@@ -112,9 +115,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with open(argv[0], encoding="utf-8") as f:
         spec = json.load(f)
+    # First: a new launch on this run directory waits until this process has exited.
+    nodes_lock = hold_nodes_lock(spec["run_dir"])  # noqa: F841 (held until os._exit)
     stop = threading.Event()
     _forward_signals(stop)
-    die_with_parent(spec["parent_pid"], stop, float(spec.get("stop_timeout", 10.0)))
     ctx = NodeContext(
         spec["name"],
         spec["run_dir"],
@@ -124,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         metrics_sink=FileSink(spec["metrics_path"]),
         publish_sink=_publish_to(spec["publish_path"]),
     )
+    timeout = float(spec.get("stop_timeout", 10.0))
+    die_with_parent(spec["parent_pid"], stop, lambda: max(timeout, ctx.stop_time_needed))
     code = 0
     try:
         fn = load_entry_point(spec["entry_point"])

@@ -104,6 +104,9 @@ class RestartPolicy:
         many times within `restart_window` seconds stops the run instead (a node that
         crashes after every restore, however long it ran, cannot restart forever).
       restart_window: The budget's sliding window, in seconds.
+      max_total_restarts: A cap on restarts over the whole launch: a crash loop slower
+        than the window (a node that fails a minute after each start) stops the run
+        after this many restarts instead of looping for ever.
 
     Failures a restart cannot cure (`launch.errors.is_deterministic`: import errors,
     bad arguments or config) stop the run at the first occurrence, whatever the policy.
@@ -117,6 +120,7 @@ class RestartPolicy:
     fatal_hint: str = ""
     max_restarts: int = 10
     restart_window: float = 600.0
+    max_total_restarts: int = 30
 
     def backoff(self, consecutive_failures: int) -> float:
         """Seconds to wait before restart number `consecutive_failures` (1-based)."""
@@ -150,6 +154,11 @@ class Node:
       stateless: The node keeps nothing worth saving (e.g. an actor), so being killed
         at its stop deadline, or failing while it stops, loses nothing and does not
         make the run's exit status a failure.
+      may_finish: The body may return by itself, its work done (a finite job). A node
+        without it that returns unasked (it got a stop signal of its own, e.g. SIGTERM
+        from an out-of-memory killer) has failed, and its restart policy applies, like
+        supervisord's ``autorestart=unexpected``: a run must not stall on a node that is
+        gone while the launcher believes it finished.
     """
 
     name: str
@@ -161,6 +170,7 @@ class Node:
     stop_timeout: float = 10.0
     group: str = ""
     stateless: bool = False
+    may_finish: bool = False
 
     def __post_init__(self):
         if ":" not in self.entry_point:

@@ -9,7 +9,7 @@ all this (and lowers TF_CPP_MIN_LOG_LEVEL to 0) so everything is shown.
 
 Node processes of the local backend already write to RUN/logs/NODE.log; the launcher's
 own C++ lines go to RUN/logs/launcher.log once the run directory is known (`move_to`),
-other commands' to ``$TMPDIR/replicator-COMMAND.log``.
+other commands' to ``$TMPDIR/replicator-UID/COMMAND.log`` (`default_log_path`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -26,7 +27,25 @@ _state: dict[str, object] = {}
 
 
 def default_log_path(command: str) -> str:
-    return os.path.join(tempfile.gettempdir(), f"replicator-{command or 'cli'}.log")
+    """``$TMPDIR/replicator-UID/COMMAND.log``, in a folder only this user can enter.
+
+    The system temp folder is shared: a fixed file name there would let another local
+    user pre-create it (and make every launch fail, or read its lines). A folder that is
+    not this user's own, private one is never used; a new private one is made instead.
+    """
+    folder = os.path.join(tempfile.gettempdir(), f"replicator-{os.getuid()}")
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        folder = tempfile.mkdtemp(prefix="replicator-")
+    info = os.lstat(folder)
+    if not (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()) or (
+        stat.S_IMODE(info.st_mode) & 0o077
+    ):
+        folder = tempfile.mkdtemp(prefix="replicator-")  # Private (0700), never shared.
+    return os.path.join(folder, f"{command or 'cli'}.log")
 
 
 @contextlib.contextmanager
@@ -54,7 +73,7 @@ def console(verbose: bool, command: str) -> Iterator[None]:
     sys.stderr.flush()
     terminal = os.dup(2)
     path = default_log_path(command)
-    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.dup2(log, 2)
     os.close(log)
     saved_stderr = sys.stderr

@@ -118,6 +118,10 @@ class RayNode:
         import ray  # pylint: disable=import-outside-toplevel
 
         spec = json.loads(spec_json)
+        if not spec.get("gpus"):
+            # Ray 2.x leaves CUDA_VISIBLE_DEVICES alone for an actor that asked for no GPU:
+            # TensorFlow would then take every GPU of the machine (set before TF loads).
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if group_addresses:
             spec["kwargs"][GROUP_ADDRESSES] = list(group_addresses)
         host = spec["advertise_host"] or ray.util.get_node_ip_address()
@@ -200,10 +204,14 @@ class RayHandle:
         return exit_
 
     def _final_drain(self) -> None:
-        try:
-            self._consume(self._ray.get(self.actor.drain.remote(), timeout=10))
-        except Exception:  # pylint: disable=broad-except
-            pass  # A dead actor's buffered lines are lost; its failure is reported anyway.
+        # The drain in flight holds lines the actor already handed over: consumed first,
+        # then what the body wrote since (every record once, in order).
+        pending, self._pending_drain = self._pending_drain, None
+        for ref in ([pending] if pending is not None else []) + [self.actor.drain.remote()]:
+            try:
+                self._consume(self._ray.get(ref, timeout=10))
+            except Exception:  # pylint: disable=broad-except
+                pass  # A dead actor's buffered lines are lost; its failure is reported anyway.
         self._ray.kill(self.actor)  # Frees its resources; a no-op if it is already dead.
 
     def request_stop(self) -> None:
@@ -344,6 +352,7 @@ class RayBackend:
             "run_dir": self._run_dir.root,
             "attempt": attempt,
             "advertise_host": self._advertise_host,
+            "gpus": node.resources.gpus,
         }
         FileSink(self._run_dir.log_path(node.name))(
             f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} start #{attempt} of {node.name} (ray)"

@@ -15,23 +15,31 @@ Layout::
 
 Launching again with the same directory resumes. A directory made by a different
 program, task or incompatible config is refused before anything in it is written.
-A lock file keeps two launchers out of one directory.
+A lock file keeps two launchers out of one directory, and a second one, held shared by
+every node process of the local backend, keeps a new launch out until the nodes of the
+previous one have exited: nodes outlive a killed launcher while they save (up to their
+stop timeout), and two generations of learners and replays must never share a directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from launch.errors import LaunchError
 
 IDENTITY_FILE = "run.json"
 _LOCK_FILE = ".launch.lock"
+_NODES_LOCK_FILE = ".nodes.lock"  # Shared by the running node processes.
+_NODES_POLL_S = 0.5
+LOCK_FILES = frozenset({_LOCK_FILE, _NODES_LOCK_FILE})
 
 
 class RunDirError(LaunchError):
@@ -97,7 +105,7 @@ class RunDir:
             raise RunDirError(f"--run-dir {self.root} is a file, not a directory.")
         existing = self.read_identity()
         if existing is None:
-            if os.path.isdir(self.root) and set(os.listdir(self.root)) - {_LOCK_FILE}:
+            if os.path.isdir(self.root) and set(os.listdir(self.root)) - LOCK_FILES:
                 raise RunDirError(
                     f"{self.root} is not empty and is not a run directory (no {IDENTITY_FILE}); "
                     "refusing to write into it. Pass a new or empty --run-dir."
@@ -128,8 +136,15 @@ class RunDir:
             )
         return True
 
-    def lock(self) -> None:
-        """Takes the directory's lock, creating the directory; refuses a second launcher."""
+    def lock(
+        self, wait_for_nodes_s: float = 0.0, notify: Callable[[str], None] | None = None
+    ) -> None:
+        """Takes the directory's lock, creating the directory; refuses a second launcher.
+
+        Nodes of an earlier launch still running here (its launcher was killed and they
+        are saving) are waited for, up to `wait_for_nodes_s` seconds (`notify` is told
+        once); if they are still there, the lock is refused.
+        """
         os.makedirs(self.root, exist_ok=True)
         fd = os.open(self.path(_LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -142,9 +157,49 @@ class RunDir:
                     "different --run-dir."
                 ) from None
             raise
+        previous = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        try:
+            self._wait_for_previous_nodes(previous, wait_for_nodes_s, notify)
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
+
+    def _wait_for_previous_nodes(
+        self, launcher_pid: str, wait_s: float, notify: Callable[[str], None] | None
+    ) -> None:
+        fd = os.open(self.path(_NODES_LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
+        told = False
+        try:
+            while True:
+                try:
+                    # Free: no node of an earlier launch runs. Released at once; each node
+                    # of this launch takes it shared (`hold_nodes_lock`).
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    return
+                except OSError as e:
+                    if e.errno not in (errno.EAGAIN, errno.EACCES):
+                        raise
+                if time.monotonic() >= deadline:
+                    raise RunDirError(
+                        f"nodes of an earlier launch (launcher pid {launcher_pid or '?'}) are "
+                        f"still running in {self.root}; wait for them to finish saving, or "
+                        "stop them, then launch again."
+                    )
+                if not told and notify is not None:
+                    notify(
+                        f"nodes of the previous launch (launcher pid {launcher_pid or '?'}, "
+                        f"gone) are still saving in {self.root}; waiting up to "
+                        f"{wait_s:.0f}s for them to exit"
+                    )
+                    told = True
+                time.sleep(_NODES_POLL_S)
+        finally:
+            os.close(fd)
 
     def unlock(self) -> None:
         if self._lock_fd is not None:
@@ -159,11 +214,44 @@ class RunDir:
         record["created"] = existing.get("created", time.strftime("%Y-%m-%dT%H:%M:%S"))
         record["launches"] = existing.get("launches", 0) + 1
         for name, data in ((IDENTITY_FILE, record), ("config.json", identity.get("config", {}))):
-            tmp = self.path(name + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=2, sort_keys=True)
-                f.write("\n")
-            os.replace(tmp, self.path(name))
+            write_json_atomic(self.path(name), data)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Replaces `path` with `text` so that a crash at any moment leaves the old or the new
+    file, whole: a temporary file beside it, flushed to disk, renamed over it, and the
+    folder entry flushed too (without the fsyncs a power loss can leave an empty file)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_json_atomic(path: str, value: Any, indent: int | None = 2) -> None:
+    """`write_atomic` of `value` as JSON (sorted keys, a final newline)."""
+    write_atomic(path, json.dumps(value, indent=indent, sort_keys=True) + "\n")
+
+
+def hold_nodes_lock(root: str) -> int:
+    """Called by each node process first: holds the run directory's nodes lock (shared)
+    until the process exits, so that a new launch waits for it (`RunDir.lock`). Returns
+    the descriptor, which must stay open."""
+    fd = os.open(os.path.join(root, _NODES_LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
 
 
 def tail_lines(path: str, lines: int = 20, max_bytes: int = 64 * 1024) -> str:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from typing import Any
 
-from launch.run_dir import RunDir, RunDirError
+from launch.run_dir import RunDir, RunDirError, write_json_atomic
 
 SETTINGS_FILE = "launch.json"
 
@@ -66,15 +65,48 @@ def read(run_dir: RunDir) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+# The JSON types each stored flag may have (a hand-edited file is checked against them).
+_NUMBER = (int, float)
+_STORED_TYPES: dict[str, tuple[type, ...]] = {
+    "ray_address": (str,),
+    "ray_resources": (list,),
+    "eval_every": _NUMBER,
+    "eval_every_steps": (int,),
+    "replay_checkpoint_every": _NUMBER,
+    "restart_window": _NUMBER,
+}
+
+
+def _check_stored(own: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Raises `RunDirError` naming the first stored value of the wrong type."""
+    for dest, value in own.items():
+        if dest not in defaults or value is None:
+            continue
+        types = _STORED_TYPES.get(dest) or (type(defaults[dest]),)
+        if isinstance(value, bool) or not isinstance(value, types):
+            wanted = " or ".join(t.__name__ for t in types).replace("int or float", "number")
+            raise RunDirError(
+                f"{SETTINGS_FILE} of this run has {dest} = {json.dumps(value)}, which should "
+                f"be a {wanted}; fix it (or delete the file and pass the flags again)."
+            )
+
+
 def resolve(args: argparse.Namespace, stored: dict[str, Any] | None) -> dict[str, Any]:
     """Fills every stored flag of `args` in place: given > the run's own > default.
 
     Returns:
       ``{dest: value}`` of the flags given on this command line.
+
+    Raises:
+      RunDirError: a stored value has the wrong type (the file was edited by hand).
     """
     own = (stored or {}).get("settings", {})
+    defaults = stored_flag_defaults()
+    if not isinstance(own, dict):
+        raise RunDirError(f"{SETTINGS_FILE} of this run has no settings object; fix or delete it.")
+    _check_stored(own, defaults)
     given = {}
-    for dest, default in stored_flag_defaults().items():
+    for dest, default in defaults.items():
         value = getattr(args, dest, None)
         if value is not None:
             given[dest] = value
@@ -89,8 +121,4 @@ def write(run_dir: RunDir, args: argparse.Namespace, given: dict[str, Any]) -> N
     settings = {dest: getattr(args, dest) for dest in stored_flag_defaults()}
     history = list(previous.get("history", []))
     history.append({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "given": given})
-    tmp = run_dir.path(SETTINGS_FILE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"settings": settings, "history": history}, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, run_dir.path(SETTINGS_FILE))
+    write_json_atomic(run_dir.path(SETTINGS_FILE), {"settings": settings, "history": history})

@@ -3,10 +3,12 @@
 The supervision logic is the same for every backend; a backend only knows how to
 start one node (`Backend.start`) and how to poll, stop and kill what it started
 (`NodeHandle`). Signals: the first SIGINT/SIGTERM/SIGHUP asks every node to stop (by
-phase, so servers save last); a second one kills everything at once.
+phase, so servers save last), or lets a shutdown already under way go on; a second one
+kills everything at once.
 
 Failure handling (see docs/fault-tolerance.md): a failed node restarts with backoff
-within its restart budget; a deterministic failure (import error, bad config) or an
+within its restart budget (a node that returns unasked, unless it `may_finish`, has
+failed); a deterministic failure (import error, bad config) or an
 exhausted budget stops the run with the node's last log lines; a node that publishes
 a new value (e.g. a replay restarted on another machine) gets the nodes that use the
 value restarted with it; a stateful node that fails to stop cleanly is reported in
@@ -24,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from launch.context import STOP_TIME_KEY
 from launch.program import Node, Program, resolve_refs
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -93,6 +96,8 @@ class _State:
     done: bool = False
     failure_times: collections.deque = dataclasses.field(default_factory=collections.deque)
     restart_for: str = ""  # Published keys whose change made us stop this node.
+    restart_deadline: float = 0.0  # When a node stopped for `restart_for` gets killed.
+    awaiting_restart: bool = False  # Failed; its restart is scheduled (`next_start`).
 
 
 class Supervisor:
@@ -133,6 +138,7 @@ class Supervisor:
         self._fatal: str | None = None
         self._stop_reason = "interrupted"
         self._stop_failures: list[str] = []
+        self._signals = 0  # Stop signals the user sent (see `_install_signal_handlers`).
 
     # Control from other threads or signal handlers.
     def request_stop(self, reason: str = "interrupted") -> None:
@@ -173,12 +179,21 @@ class Supervisor:
 
         def handler(signum, frame):
             del frame
-            if self._stop.is_set():
+            # Only the user's signals count: a shutdown the launcher began itself (budget
+            # reached, a fatal failure) is not a first signal.
+            self._signals += 1
+            name = signal.Signals(signum).name
+            if self._signals > 1:
                 self._echo("[launch] second signal: killing every node now")
                 self._force.set()
+            elif self._stop.is_set():
+                self._echo(
+                    f"[launch] {name}: already stopping every node, which may be saving "
+                    "(press Ctrl-C again to kill them at once)"
+                )
             else:
                 self._echo(
-                    f"[launch] {signal.Signals(signum).name}: stopping every node "
+                    f"[launch] {name}: stopping every node "
                     "(press Ctrl-C again to kill them at once)"
                 )
                 self.request_stop("interrupted")
@@ -237,6 +252,7 @@ class Supervisor:
             used = sorted(keys & set(state.node.refs()))
             if state.handle is not None and used and not state.restart_for:
                 state.restart_for = ", ".join(used)
+                state.restart_deadline = time.monotonic() + self._stop_timeout(state)
                 self._echo(
                     f"[launch] {state.node.name}: {state.restart_for} changed; restarting it "
                     "with the new value"
@@ -253,6 +269,7 @@ class Supervisor:
         kwargs = resolve_refs(state.node.kwargs, self._published)
         state.attempt += 1
         state.started_at = time.monotonic()
+        state.awaiting_restart = False
         try:
             state.handle = self._backend.start(state.node, kwargs, state.attempt)
         except Exception as e:  # pylint: disable=broad-except
@@ -263,6 +280,16 @@ class Supervisor:
 
     def _check(self, state: _State) -> None:
         exit_ = state.handle.poll()
+        if exit_ is None and state.restart_for and time.monotonic() >= state.restart_deadline:
+            # Blocked on the old value (e.g. in a call to a server that moved): it had its
+            # stop timeout to return, as at shutdown; the kill lets it restart.
+            self._echo(
+                f"[launch] {state.node.name}: still running {self._stop_timeout(state):g}s "
+                "after the stop request; killed to restart it"
+            )
+            state.handle.kill()
+            state.restart_deadline = float("inf")
+            return
         if exit_ is None:
             if (
                 state.consecutive_failures
@@ -278,10 +305,12 @@ class Supervisor:
             state.restarts += 1
             state.next_start = time.monotonic()
             return
-        if exit_.ok:
+        if exit_.ok and state.node.may_finish:
             self._echo(f"[launch] {state.node.name} finished")
             state.done, state.handle = True, None
             return
+        if exit_.ok:
+            exit_ = Exit(False, "returned without being asked to stop: a stop signal of its own?")
         hint = state.handle.log_hint()
         tail = _log_tail(state.handle)
         state.handle = None
@@ -306,6 +335,11 @@ class Supervisor:
                 f"it failed {len(state.failure_times)} times within "
                 f"{policy.restart_window / 60:g} min (restart budget: {policy.max_restarts})"
             )
+        elif state.restarts >= policy.max_total_restarts:
+            why = (
+                f"it was restarted {state.restarts} times in this launch "
+                f"(at most {policy.max_total_restarts})"
+            )
         if why:
             self._fatal = (
                 f"node {name!r} failed ({exit_.description}) and {why}; stopping the run. "
@@ -319,6 +353,7 @@ class Supervisor:
         delay = policy.backoff(state.consecutive_failures)
         state.restarts += 1
         state.next_start = now + delay
+        state.awaiting_restart = True
         self._echo(
             f"[launch] {name} failed ({exit_.description}); restart #{state.restarts} "
             f"in {delay:.1f}s. {hint}"
@@ -341,6 +376,7 @@ class Supervisor:
         for m in members:
             m.attempt += 1
             m.started_at = now
+            m.awaiting_restart = False
         try:
             start_group = getattr(self._backend, "start_group", None)
             if start_group is None:
@@ -368,6 +404,7 @@ class Supervisor:
                 peer.handle.drain()
                 peer.handle = None
                 peer.restarts += 1
+                peer.awaiting_restart = True
                 stopped.append(peer.node.name)
             peer.next_start = max(peer.next_start, failed.next_start)
         delay = max(0.0, failed.next_start - time.monotonic())
@@ -377,6 +414,16 @@ class Supervisor:
             f"member); the whole group ({', '.join(m.node.name for m in self._group(failed.node.group))}) "
             f"restarts in {delay:.1f}s from the last checkpoint"
         )
+
+    def _stop_timeout(self, state: _State) -> float:
+        """Seconds from a stop request to a kill: the node's, or what it asked for (its
+        measured save time, `NodeContext.need_stop_time`) when longer; capped by
+        `stop_grace`."""
+        needed = self._published.get(STOP_TIME_KEY + state.node.name, 0.0)
+        timeout = max(state.node.stop_timeout, float(needed))
+        if self._stop_grace is None:
+            return timeout
+        return min(timeout, self._stop_grace)
 
     def _running(self, phase: int | None = None) -> list[_State]:
         return [
@@ -408,14 +455,25 @@ class Supervisor:
         e.g. the learner first (it saves a checkpoint while actors still feed it), then
         the actors, then the replay server (which saves its tables last).
         """
+        for state in self._states.values():
+            if state.handle is not None:  # The newest stop times the nodes asked for.
+                self._published.update(state.handle.published())
+        for state in self._states.values():
+            if state.awaiting_restart:
+                # Failed, and waiting out its restart backoff: what it held since its last
+                # save was lost with the failure, and no final save will happen.
+                state.awaiting_restart = False
+                if not state.node.stateless:
+                    self._stop_failures.append(
+                        f"{state.node.name} had failed and was waiting to restart: its state "
+                        "is its last save before the failure."
+                    )
         for phase in sorted({s.node.stop_phase for s in self._states.values()}):
             now = time.monotonic()
             deadlines = {}
             for state in self._running(phase):
                 state.handle.request_stop()
-                timeout = state.node.stop_timeout
-                if self._stop_grace is not None:
-                    timeout = min(timeout, self._stop_grace)
+                timeout = self._stop_timeout(state)
                 deadlines[state.node.name] = (now + timeout, timeout)
             while self._running(phase):
                 self._reap()

@@ -16,9 +16,12 @@ import replication
 from agents import core
 from agents.d4pg import augmentation, diagnostics, losses, networks, variables
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.replay import REPLAY_TABLE, GroupedRowLayout
+from agents.d4pg.replay import PARAMS_TABLE, REPLAY_TABLE, GroupedRowLayout
 
 _log = logging.getLogger(__name__)
+# How long a publish may wait for the replay to confirm: a replay that died under the
+# learner (at shutdown it stops before the learner's final save) must not hang it.
+_PUBLISH_TIMEOUT_MS = 10_000
 
 
 class Transition(
@@ -485,9 +488,28 @@ class D4PGLearner(core.Learner):
                 "(construct it with replay_client=reverb.Client(address))."
             )
         if self._publisher is None:
-            self._publisher = variables.WeightsPublisher(self._client)
+            self._publisher = variables.WeightsPublisher(
+                self._client, timeout_ms=_PUBLISH_TIMEOUT_MS
+            )
         self._publisher.publish(self.num_steps, self.acting_weights(), wait=wait)
         self._published_at = self.num_steps
+
+    def republish_if_missing(self, timeout_s: int = 5) -> bool:
+        """Publishes again when the "params" table is empty; returns whether it did.
+
+        A replay that restarted without a checkpoint (or from one written before the
+        first publish) comes back with no weights, and a learner waiting for
+        `min_replay_size` would not publish until actors refill it: a restarted actor
+        would wait for weights meanwhile. Call it while `step` times out.
+        """
+        if self._client is None:
+            return False
+        info = self._client.server_info(timeout=timeout_s)
+        if int(info[PARAMS_TABLE].current_size) > 0:
+            return False
+        self._publisher = None  # Its writer may belong to the server that went away.
+        self.publish_variables()
+        return True
 
     def reconnect(self, replay_client: reverb.Client | None = None) -> None:
         """Reopens the replay input (and the publishing client) after a replay restart.

@@ -36,6 +36,8 @@ from agents.d4pg.config import D4PGConfig
 METADATA_FILE = os.path.join("assets.extra", "snapshot.json")
 FORMAT_VERSION = 1
 _STEP_PREFIX = "step_"
+_STAGING_PREFIX = ".snapshot-"  # A save being written.
+_REPLACED_PREFIX = ".replaced-"  # The snapshot a save is replacing, until it is done.
 
 
 class SnapshotError(ValueError):
@@ -142,7 +144,11 @@ def write(
             variable.assign(np.asarray(value, np.float32))
     parent = os.path.dirname(os.path.abspath(directory))
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".snapshot-", dir=parent)
+    # Folders of saves that a kill interrupted (one process saves snapshots of a run).
+    for name in os.listdir(parent):
+        if name.startswith((_STAGING_PREFIX, _REPLACED_PREFIX)):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    staging = tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=parent)
     try:
         tf.saved_model.save(
             module, staging, signatures={"serving_default": module.serve.get_concrete_function()}
@@ -150,9 +156,15 @@ def write(
         os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
         with open(os.path.join(staging, METADATA_FILE), "w", encoding="utf-8") as f:
             f.write(text + "\n")
+        # Renames, not a delete then a rename: a crash in between leaves the old snapshot
+        # whole under another name (and the next save removes it), never half of one.
+        replaced = None
         if os.path.exists(directory):
-            shutil.rmtree(directory)
+            replaced = tempfile.mkdtemp(prefix=_REPLACED_PREFIX, dir=parent)
+            os.replace(directory, replaced)
         os.replace(staging, directory)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory

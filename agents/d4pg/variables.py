@@ -8,6 +8,7 @@ nothing but the replay address.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -16,6 +17,11 @@ import reverb
 from agents.d4pg.replay import PARAMS_TABLE
 
 _log = logging.getLogger(__name__)
+_POLL_S = 0.2  # How often `VariableClient.update(wait=True)` looks for a first publish.
+
+
+class WeightsUnavailableError(TimeoutError):
+    """No learner published weights within the wait (`VariableClient.update(wait=True)`)."""
 
 
 def publish(
@@ -38,7 +44,8 @@ class WeightsPublisher:
     Args:
       client: a `reverb.Client` of the server holding the "params" table.
       table: the params table name.
-      timeout_ms: how long `publish` waits for the server to confirm (-1: no bound).
+      timeout_ms: how long `publish` waits for the server to confirm (-1: no bound;
+        a server that went away then blocks it for ever).
     """
 
     def __init__(self, client: reverb.Client, table: str = PARAMS_TABLE, timeout_ms: int = -1):
@@ -64,7 +71,17 @@ class WeightsPublisher:
         self._configured = max(self._configured, len(data))
         references = self._cpp.Append(data)
         self._cpp.CreateItem(self._table, 1.0, [[r] for r in references], [True] * len(references))
-        self._cpp.Flush(0 if wait else 1, self._timeout_ms)
+        try:
+            self._cpp.Flush(0 if wait else 1, self._timeout_ms)
+        except RuntimeError as e:
+            # A server that went away is not an error here: the items just wait (for ever
+            # without a timeout). Raised as `reverb.Client`'s own calls do.
+            if "Timeout exceeded" in str(e):
+                raise reverb.errors.DeadlineExceededError(
+                    f"publishing weights to {self._table!r} took over {self._timeout_ms} ms "
+                    f"(is the replay down?): {e}"
+                ) from None
+            raise
 
     def close(self) -> None:
         self._writer.close()
@@ -80,6 +97,8 @@ class VariableClient:
       table: the params table name.
       timeout_s: how long a fetch may wait for the server to answer before it raises
         (`reverb.Client.sample` would wait for ever on a server that went away).
+      wait_timeout_s: how long `update(wait=True)` waits for a first publish before it
+        raises `WeightsUnavailableError`.
 
     Example:
       variables = VariableClient(reverb.Client(address), update_period=1000)
@@ -93,13 +112,14 @@ class VariableClient:
         update_period: int = 1,
         table: str = PARAMS_TABLE,
         timeout_s: int = 5,
+        wait_timeout_s: float = 600.0,
     ):
         self._client = client
         self._timeout = timeout_s
+        self._wait_timeout = wait_timeout_s
         self._period = max(1, int(update_period))
         self._table = table
         self._calls_since_attempt = 0
-        self._available = False  # Once the table is non-empty it stays so (max_size 1, FIFO).
         self.weights: list[np.ndarray] | None = None
         self.version: int = -1
 
@@ -107,23 +127,41 @@ class VariableClient:
         """Fetches the latest weights when due; returns whether it did.
 
         Due: with `wait`, while no weights were fetched yet, or on every `update_period`-th
-        call since the last attempt. Non-blocking unless `wait`: before the learner's first
-        publish it returns False instead of waiting.
+        call since the last attempt. Non-blocking unless `wait`: while the table is empty
+        (before the learner's first publish, or after a replay restarted without its
+        weights) it returns False and the weights in use stay. With `wait` it polls the
+        table until weights arrive, for at most `wait_timeout_s`.
+
+        Raises:
+          WeightsUnavailableError: `wait` and still no weights after `wait_timeout_s`.
+          reverb.errors.DeadlineExceededError: the server did not answer in `timeout_s`.
         """
         self._calls_since_attempt += 1
         due = wait or self.weights is None or self._calls_since_attempt >= self._period
         if not due:
             return False
         self._calls_since_attempt = 0
-        # Raises (DeadlineExceededError) instead of blocking when the server is gone.
-        info = self._client.server_info(timeout=self._timeout)
-        if not wait and not self._available and int(info[self._table].current_size) == 0:
-            return False
+        deadline = time.monotonic() + self._wait_timeout
+        # Sampling an empty table blocks for ever (Reverb's `sample` has no deadline), so
+        # the size is read first; the table only shrinks by a replay restart (max_size 1).
+        while not self._has_weights():
+            if not wait:
+                return False
+            if time.monotonic() >= deadline:
+                raise WeightsUnavailableError(
+                    f"no weights in the {self._table!r} table after {self._wait_timeout:.0f}s: "
+                    "is the learner running? (read its log)"
+                )
+            time.sleep(_POLL_S)
         sample = next(self._client.sample(self._table, num_samples=1, emit_timesteps=False))
-        self._available = True
         flat = [np.asarray(column) for column in sample.data]
         if flat[0].ndim == 1:  # Written by `insert` (a leading time dimension of 1).
             flat = [column[0] for column in flat]
         self.version = int(flat[0])
         self.weights = flat[1:]
         return True
+
+    def _has_weights(self) -> bool:
+        # Raises (DeadlineExceededError) instead of blocking when the server is gone.
+        info = self._client.server_info(timeout=self._timeout)
+        return int(info[self._table].current_size) > 0

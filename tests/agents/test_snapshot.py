@@ -161,3 +161,25 @@ def test_snapshot_checks_specs_and_keeps_the_newest(tmp_path):
         snapshot.check_fits(metadata, bounds)
     with pytest.raises(snapshot.SnapshotError, match="not a policy snapshot"):
         snapshot.read_metadata(str(tmp_path))
+
+
+def test_a_save_replaces_a_snapshot_whole_and_clears_what_killed_saves_left(tmp_path):
+    # Issue 18, item 13: replacing was delete-then-rename (a crash between lost the
+    # snapshot) and a save killed midway left its staging folder for ever.
+    learner = _trained_learner(FEATURES)
+    (weights,) = learner.get_variables(["policy"])
+    root = str(tmp_path / "snapshots")
+    os.makedirs(os.path.join(root, ".snapshot-killed"))  # Left by a save killed midway.
+    os.makedirs(os.path.join(root, ".replaced-killed"))
+    directory = snapshot.step_directory(root, 10)
+    for step in (10, 11):  # The second save replaces the first at the same place.
+        snapshot.write(
+            directory,
+            config=CONFIG,
+            env_spec=FEATURES,
+            weights=weights,
+            task="fake:task",
+            learner_step=step,
+        )
+    assert sorted(os.listdir(root)) == ["step_10"]
+    assert snapshot.read_metadata(directory)["learner_step"] == 11

@@ -81,6 +81,29 @@ def fails_on_stop(ctx):
     raise OSError(f"{ctx.name}: cannot write the final save")
 
 
+def slow_saver(ctx, *, save_s=3.0, need_s=None):
+    """Works until asked to stop, then takes `save_s` to save (like a replay checkpoint);
+    asks for `need_s` seconds to stop first if given."""
+    if need_s is not None:
+        ctx.need_stop_time(need_s)
+    while not ctx.wait(0.05):
+        pass
+    with open(ctx.path("saving.txt"), "w") as f:
+        f.write("saving\n")
+    time.sleep(save_s)
+    with open(ctx.path("saved.txt"), "w") as f:
+        f.write("saved\n")
+
+
+def numbered(ctx, *, every_s=0.005):
+    """Records 0, 1, 2, ... every `every_s` until stopped, then one "last" with the count."""
+    n = 0
+    while not ctx.wait(every_s):
+        ctx.record("numbered", n=n)
+        n += 1
+    ctx.record("last", count=n)
+
+
 def moving_server(ctx):
     """A server that takes a new port on every start (like a replay moved by Ray)."""
     sock = socket.socket()
@@ -98,11 +121,14 @@ def moving_server(ctx):
             conn.sendall(b"1\n")
 
 
-def address_user(ctx, *, address):
-    """Records the address it was started with; then polls the server (down: retries)."""
+def address_user(ctx, *, address, ignore_stop=False):
+    """Records the address it was started with; then polls the server (down: retries).
+
+    With `ignore_stop` it never returns, like a client blocked in a call to a dead server.
+    """
     ctx.gauge(**{f"address_{ctx.name}": address})
     host, port = address.rsplit(":", 1)
-    while not ctx.wait(0.05):
+    while not ctx.wait(0.05) or ignore_stop:
         try:
             with socket.create_connection((host, int(port)), timeout=5) as conn:
                 conn.recv(64)
@@ -125,10 +151,19 @@ def demo_program(stubborn=False):
     return Program("demo", nodes)
 
 
+def slow_saver_program():
+    """A saver that needs 3 s to save and asks for 10 s, with a fixed 1 s stop timeout."""
+    saver = Node(
+        "saver", "tests.launch.nodes:slow_saver", {"save_s": 3.0, "need_s": 10.0}, stop_timeout=1.0
+    )
+    return Program("slow-saver", [saver, Node("counter", "tests.launch.nodes:counter")])
+
+
 if __name__ == "__main__":
     run_dir, backend = sys.argv[1], sys.argv[2]
+    slow = "slow-saver" in sys.argv
     outcome = launcher.run(
-        demo_program(stubborn="stubborn" in sys.argv),
+        slow_saver_program() if slow else demo_program(stubborn="stubborn" in sys.argv),
         run_dir,
         backend,
         stop_grace=2.0,

@@ -1,7 +1,9 @@
 """The `replicator` CLI: a short real launch, evaluate, plot, resume rules, bad input."""
 
 import hashlib
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -9,6 +11,7 @@ import sys
 import pytest
 
 from launch import cli
+from launch.run_dir import LOCK_FILES
 from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(600)
@@ -130,7 +133,7 @@ def test_relaunch_rules_leave_the_run_untouched(finished_run, capsys):
     assert "pass a larger --steps" in capsys.readouterr().out
     after = _snapshot(run_dir)
     changed = {p for p in before if before[p] != after.get(p)}
-    assert changed <= {os.path.join(run_dir, ".launch.lock")}, changed
+    assert changed <= {os.path.join(run_dir, f) for f in LOCK_FILES}, changed
 
 
 @pytest.mark.parametrize(
@@ -179,6 +182,21 @@ def test_port_in_use(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "run")
 
 
+def test_a_port_left_in_time_wait_counts_as_free():
+    # Issue 18, item 13: a relaunch right after a clean stop found the replay's port in
+    # TIME_WAIT and exited 2, though the replay (gRPC, SO_REUSEADDR) could bind it.
+    with socket.socket(socket.AF_INET6) as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # As gRPC's servers.
+        server.bind(("::", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        client = socket.create_connection(("::1", port))
+        conn, _ = server.accept()
+        conn.close()  # The side closing first keeps the connection in TIME_WAIT.
+        client.close()
+    cli._check_port_free(port)  # Nothing listens: no error.
+
+
 def test_ray_unreachable(tmp_path, capsys):
     with socket.socket() as sock:  # A port nobody listens on.
         sock.bind(("127.0.0.1", 0))
@@ -201,6 +219,42 @@ def test_ray_unreachable(tmp_path, capsys):
     err = _error_line(capsys)
     assert f"cannot reach a Ray cluster at 127.0.0.1:{port}" in err and "ray start --head" in err
     assert not os.path.exists(tmp_path / "run")
+
+
+def _stored_run(tmp_path, settings):
+    """A run directory whose launch.json holds `settings` (as if edited by hand)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "launch.json").write_text(json.dumps({"settings": settings, "history": []}))
+    return str(run_dir)
+
+
+def test_a_hand_edited_launch_json_of_the_wrong_type_is_one_clear_line(tmp_path, capsys):
+    run_dir = _stored_run(tmp_path, {"actors": "4"})
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir]) == 2
+    err = _error_line(capsys)
+    assert 'has actors = "4", which should be a int' in err and len(err.splitlines()) == 1
+
+
+def test_ray_address_of_the_environment_beats_the_stored_one(
+    finished_run, tmp_path, capsys, monkeypatch
+):
+    ports = []
+    for _ in range(2):  # Ports nobody listens on.
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    stored, current = (f"127.0.0.1:{p}" for p in ports)
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run[0], run_dir)
+    with open(os.path.join(run_dir, "launch.json")) as f:
+        launch = json.load(f)
+    launch["settings"].update(backend="ray", ray_address=stored, steps=10**6)
+    with open(os.path.join(run_dir, "launch.json"), "w") as f:
+        json.dump(launch, f)
+    monkeypatch.setenv("RAY_ADDRESS", current)  # The cluster moved since the last launch.
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir]) == 1
+    assert f"cannot reach a Ray cluster at {current}" in _error_line(capsys)
 
 
 def test_ray_not_installed(tmp_path):
@@ -300,4 +354,4 @@ def test_bad_scale_out_input_leaves_an_existing_run_untouched(finished_run, caps
     assert "--bind-host 192.0.2.77 is not the IP of any node of the Ray cluster" in ours[0]
     after = _snapshot(run_dir)
     changed = {p for p in before if before[p] != after.get(p)} | (set(after) - set(before))
-    assert changed <= {os.path.join(run_dir, ".launch.lock")}, changed
+    assert changed <= {os.path.join(run_dir, f) for f in LOCK_FILES}, changed

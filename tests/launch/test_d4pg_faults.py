@@ -50,6 +50,33 @@ def test_replay_killed_mid_run_comes_back_and_the_run_finishes(tmp_path):
     assert c.actor_steps(run_dir) >= budget
 
 
+def test_replay_killed_before_its_first_checkpoint_comes_back_empty_and_the_run_finishes(
+    tmp_path,
+):
+    # Issue 18, item 0: the replay restarts with neither transitions nor weights. Actors
+    # must not wait for ever on the empty weights table, and the learner, waiting for
+    # min_replay_size again, must publish again (before, such a run could hang at
+    # "filling replay" with 0 actor steps/s; tests/agents/test_replay_restart.py has the
+    # deterministic halves of it).
+    run_dir = str(tmp_path / "run")
+    budget = 4000
+    extra = ["--replay-checkpoint-every", "100000", "--config.min_replay_size=600"]
+    with c.running_cli(run_dir, steps=budget, extra=extra) as proc:
+        s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 20, 300, "learner steps")
+        assert not c.checkpoint_lines(run_dir)
+        learner_steps = s.gauge(run_dir, "learner_steps")
+        os.kill(c.node_pid(proc, "replay"), signal.SIGKILL)
+        code = c.finish(proc, 400)
+    out = c.cli_output(run_dir)
+    assert code == 0, out
+    assert "replay failed (killed by SIGKILL); restart #1" in out
+    assert c.restored_sizes(run_dir)[-1] == 0  # It came back empty.
+    assert c.actor_steps(run_dir) >= budget
+    # The evaluator found newer weights in the restarted replay: the learner published there.
+    evaluated = [r["learner_steps"] for r in s.records(run_dir, "evaluator", "eval")]
+    assert max(evaluated) > learner_steps, (evaluated, learner_steps)
+
+
 def test_sighup_saves_everything_then_a_relaunch_with_only_run_dir_ends_at_the_budget(tmp_path):
     run_dir = str(tmp_path / "run")
     budget = 3000

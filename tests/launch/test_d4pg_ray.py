@@ -71,3 +71,19 @@ def test_ray_backend_runs_d4pg_and_restarts_a_killed_actor(tmp_path, ray_instanc
     s.wait_for(
         lambda: not any(_alive(p) for p in pids.values()), 60, "the node actors' processes to exit"
     )
+
+
+def test_ray_backend_writes_every_record_of_a_stopping_node_once(tmp_path, ray_instance):
+    # Issue 18, item 8: the drain in flight when a node ended was dropped, and with it
+    # the node's last records (53 sent, 43 written in a reproduction).
+    from launch.program import Node, Program
+
+    del ray_instance
+    run_dir = str(tmp_path / "run")
+    program = Program("numbers", [Node("numbered", "tests.launch.nodes:numbered")])
+    bg = s.Background(program, run_dir, backend="ray")
+    s.wait_for(lambda: len(s.records(run_dir, "numbered", "numbered")) >= 300, 180, "records")
+    bg.stop()
+    numbers = [r["n"] for r in s.records(run_dir, "numbered", "numbered")]
+    (last,) = s.records(run_dir, "numbered", "last")
+    assert numbers == list(range(last["count"]))

@@ -18,6 +18,7 @@ from launch.context import FileSink, NodeContext
 from launch.metrics import Progress
 from launch.program import Node, Program, Ref, RestartPolicy
 from launch.run_dir import RunDir
+from tests.launch import nodes
 from tests.launch.test_supervision import (
     _alive,
     _gauges,
@@ -82,6 +83,78 @@ def test_restart_budget_stops_a_crash_loop_with_the_last_log_lines(tmp_path):
     assert "RuntimeError: crash number 4" in outcome.message  # From the log tail.
 
 
+def test_a_crash_loop_slower_than_the_restart_window_is_stopped_by_the_total_cap(tmp_path):
+    # Issue 18, item 9: a node failing just after each window's worth of running never
+    # exceeds the sliding budget; the cap on the launch's restarts stops it.
+    run_dir = str(tmp_path / "run")
+    policy = RestartPolicy(
+        initial_backoff=0.1,
+        max_backoff=0.2,
+        healthy_after=0.05,
+        max_restarts=3,
+        restart_window=0.05,  # Shorter than a run of the node: the window never fills.
+        max_total_restarts=4,
+    )
+    program = Program("p", [Node("loop", "tests.launch.nodes:crash_every_time", restart=policy)])
+    t, result, _ = _run_in_thread(program, run_dir)
+    t.join(60)
+    outcome = result["outcome"]
+    assert outcome.reason == "failed"
+    assert outcome.restarts["loop"] == 4
+    assert "it was restarted 4 times in this launch (at most 4)" in outcome.message
+
+
+@pytest.mark.parametrize("stateless", [False, True])
+def test_a_stateful_node_waiting_to_restart_at_the_stop_is_reported(tmp_path, stateless):
+    # Issue 18, item 10: it failed and its restart was not due when the stop came, so it
+    # made no final save; the exit status must not say "every state saved".
+    run_dir = str(tmp_path / "run")
+    policy = RestartPolicy(initial_backoff=60.0)
+    program = Program(
+        "p",
+        [
+            Node(
+                "worker",
+                "tests.launch.nodes:counter",
+                {"crash_on_attempt": 0, "crash_after": 3},
+                restart=policy,
+                stateless=stateless,
+            ),
+            Node("other", "tests.launch.nodes:counter", stateless=True),  # Keeps the run going.
+        ],
+    )
+    t, result, sup = _run_in_thread(program, run_dir)
+    _wait_for(lambda: sup.restarts()["worker"] == 1, 30, "the failure")
+    sup.request_stop()
+    t.join(30)
+    failures = result["outcome"].stop_failures
+    expected = [] if stateless else ["worker had failed and was waiting to restart"]
+    assert [f.split(":")[0] for f in failures] == expected
+
+
+@pytest.mark.parametrize("launcher_dies", [False, True])
+def test_a_node_that_asks_for_more_stop_time_gets_it(tmp_path, launcher_dies):
+    # Issue 18, item 6: a replay's checkpoint outgrows its fixed stop timeout (96 s for a
+    # 1M-step pixel replay against 60 s); it asks for more and saves instead of a kill.
+    run_dir = str(tmp_path / "run")
+    saver = nodes.slow_saver_program().node("saver")
+    saved = os.path.join(run_dir, "saved.txt")
+    if launcher_dies:  # Its own watch waits as long, after a kill -9 of the launcher.
+        proc = _launcher_process(run_dir, "slow-saver")
+        _wait_for(lambda: _gauges(run_dir).get("pid_counter"), 60, "the nodes")
+        time.sleep(1.0)  # The saver has published its need by now (it did at once).
+        proc.kill()
+        proc.wait()
+        _wait_for(lambda: os.path.exists(saved), 30, "the save")
+        return
+    t, result, sup = _run_in_thread(Program("p", [saver]), run_dir, stop_grace=None)
+    _wait_for(lambda: sup.published.get("stop_time_needed/saver"), 30, "the request")
+    sup.request_stop()
+    t.join(30)
+    assert os.path.exists(saved)
+    assert result["outcome"].stop_failures == []
+
+
 def test_a_stateful_node_that_fails_to_save_is_reported(tmp_path):
     run_dir = str(tmp_path / "run")
     program = Program(
@@ -133,8 +206,12 @@ def test_only_a_stateful_node_killed_at_the_stop_deadline_is_reported(tmp_path, 
     assert [f.split(" was killed")[0] for f in result["outcome"].stop_failures] == ["saver"]
 
 
-def test_a_republished_address_restarts_its_users(tmp_path):
+@pytest.mark.parametrize("blocked", [False, True])
+def test_a_republished_address_restarts_its_users(tmp_path, capsys, blocked):
+    # A user blocked on the old address (it ignores the stop request) is killed at its
+    # stop timeout, then restarted like the others (issue 18, item 4).
     run_dir = str(tmp_path / "run")
+    user_kwargs = {"address": Ref("server_address"), "ignore_stop": blocked}
     program = Program(
         "p",
         [
@@ -143,7 +220,7 @@ def test_a_republished_address_restarts_its_users(tmp_path):
                 "tests.launch.nodes:moving_server",
                 restart=RestartPolicy(initial_backoff=0.1),
             ),
-            Node("user", "tests.launch.nodes:address_user", {"address": Ref("server_address")}),
+            Node("user", "tests.launch.nodes:address_user", user_kwargs, stop_timeout=2.0),
         ],
     )
     t, result, sup = _run_in_thread(program, run_dir)
@@ -161,7 +238,10 @@ def test_a_republished_address_restarts_its_users(tmp_path):
     sup.request_stop()
     t.join(30)
     assert result["outcome"].restarts == {"server": 1, "user": 1}
-    assert result["outcome"].stop_failures == []
+    killed = "user: still running 2s after the stop request; killed to restart it"
+    assert (killed in capsys.readouterr().err) == blocked
+    if not blocked:
+        assert result["outcome"].stop_failures == []
 
 
 def _saved(run_dir):
@@ -290,3 +370,14 @@ def test_compatibility_is_checked_again_under_the_lock(tmp_path, monkeypatch, ca
     assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--env", "cartpole:balance"]) == 2
     assert "holds a different run" in capsys.readouterr().err
     assert RunDir(run_dir).read_identity()["task"] == "walker:walk"  # Theirs, untouched.
+
+
+def test_an_import_error_is_deterministic_unless_the_machine_ran_out_of_something():
+    from launch.errors import is_deterministic
+
+    assert is_deterministic(ModuleNotFoundError("No module named 'a_module'"))
+    assert is_deterministic(ImportError("cannot import name 'x' from 'y'"))
+    # Issue 18, item 13: memory pressure while loading a shared library is worth a restart.
+    oom = "libtensorflow_cc.so.2: failed to map segment from shared object: Cannot allocate memory"
+    assert not is_deterministic(ImportError(oom))
+    assert not is_deterministic(ImportError("libcuda.so: Too many open files"))

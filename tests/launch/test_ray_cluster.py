@@ -213,7 +213,7 @@ def test_ray_gives_a_gpu_request_its_gpu_and_none_to_others(cluster, tmp_path):
         seen = {r["node"]: r for r in s.records(run_dir, kind="env")}
         assert seen["gpu_node"]["ray_node_id"] == seen["cpu_node"]["ray_node_id"] == gpu_box.node_id
         assert seen["gpu_node"]["cuda_visible_devices"] == "0"
-        assert seen["cpu_node"]["cuda_visible_devices"] in ("", None)
+        assert seen["cpu_node"]["cuda_visible_devices"] == ""  # Not unset: TF would take all.
     finally:
         c.remove_node(gpu_box)
 

@@ -16,7 +16,7 @@ import pytest
 
 from launch import launcher
 from launch.program import NEVER_RESTART, Node, Program, RestartPolicy
-from launch.run_dir import RunDir
+from launch.run_dir import RunDir, RunDirError
 from tests.launch import nodes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -77,10 +77,9 @@ def _run_in_thread(program, run_dir, backend="local", **kwargs):
             run_dir,
             backend,
             progress_every=0,
-            stop_grace=3.0,
             on_supervisor=lambda s: holder.setdefault("sup", s),
             **({"env": ENV} if backend == "local" else {}),
-            **kwargs,
+            **{"stop_grace": 3.0, **kwargs},
         )
 
     t = threading.Thread(target=target, daemon=True)
@@ -117,6 +116,40 @@ def test_local_program_runs_and_stops_without_orphans(tmp_path):
     for pid in pids:
         assert not _alive(pid)
     assert not me.children(recursive=True)
+
+
+@pytest.mark.parametrize("may_finish", [False, True])
+def test_a_node_that_returns_unasked_has_failed_unless_it_may_finish(tmp_path, capsys, may_finish):
+    # Issue 18, item 1: SIGTERM to one node (an out-of-memory killer's first signal)
+    # makes its body save and return; without `may_finish` that is a failure, restarted,
+    # not a finished node the run then waits on for ever.
+    run_dir = str(tmp_path / "run")
+    program = Program(
+        "p",
+        [
+            Node(
+                "worker",
+                "tests.launch.nodes:counter",
+                restart=RestartPolicy(initial_backoff=0.1),
+                may_finish=may_finish,
+            ),
+            Node("other", "tests.launch.nodes:counter"),
+        ],
+    )
+    t, result, sup = _run_in_thread(program, run_dir)
+    pid = _wait_for(lambda: _gauges(run_dir).get("pid_worker"), 30, "the worker")
+    os.kill(pid, signal.SIGTERM)
+    _wait_for(lambda: not _alive(pid), 30, "the worker to return")
+    if may_finish:
+        time.sleep(2.0)  # Time it would take to restart it.
+    else:
+        _wait_for(lambda: _gauges(run_dir).get("attempt_worker") == 1, 30, "a restart")
+    sup.request_stop()
+    t.join(30)
+    err = capsys.readouterr().err
+    assert result["outcome"].restarts["worker"] == (0 if may_finish else 1)
+    assert ("worker failed (returned without being asked to stop" in err) != may_finish, err
+    assert ("worker finished" in err) == may_finish, err
 
 
 def test_crashed_node_restarts_with_backoff(tmp_path):
@@ -215,6 +248,37 @@ def test_sigterm_stops_everything_within_seconds(tmp_path, stubborn):
         assert not _alive(pid), (pid, out)
 
 
+def test_one_signal_during_a_shutdown_the_launcher_began_does_not_kill_a_saving_node(tmp_path):
+    # Issue 18, item 5: the run stops itself (here a fatal failure); one Ctrl-C while a
+    # node saves is the user's first signal, not a second one that kills it mid-save.
+    run_dir = str(tmp_path / "run")
+    program = Program(
+        "p",
+        [
+            Node("saver", "tests.launch.nodes:slow_saver", stop_timeout=30.0),
+            Node(
+                "bad",
+                "tests.launch.nodes:crash_every_time",
+                {"after": 5.0},
+                restart=NEVER_RESTART,
+            ),
+        ],
+    )
+    saving = os.path.join(run_dir, "saving.txt")
+
+    def interrupt_while_saving():
+        _wait_for(lambda: os.path.exists(saving), 60, "the save to begin")
+        os.kill(os.getpid(), signal.SIGINT)
+
+    helper = threading.Thread(target=interrupt_while_saving, daemon=True)
+    helper.start()
+    outcome = launcher.run(program, run_dir, "local", progress_every=0, env=ENV)
+    helper.join(10)
+    assert outcome.reason == "failed"
+    assert os.path.exists(os.path.join(run_dir, "saved.txt"))
+    assert outcome.stop_failures == []
+
+
 def test_kill_9_launcher_leaves_no_orphans(tmp_path):
     run_dir = str(tmp_path / "run")
     proc = _launcher_process(run_dir)
@@ -222,6 +286,28 @@ def test_kill_9_launcher_leaves_no_orphans(tmp_path):
     proc.kill()
     proc.wait()
     _wait_for(lambda: not any(_alive(p) for p in pids), 10, "the nodes to die with their launcher")
+
+
+def test_a_relaunch_waits_for_the_nodes_of_a_killed_launcher(tmp_path):
+    # Issue 18, item 2: after kill -9 of the launcher its nodes save for up to their stop
+    # timeout; a relaunch in that window must not start a second generation beside them.
+    run_dir = str(tmp_path / "run")
+    proc = _launcher_process(run_dir, "stubborn")  # Its counter ignores stop requests.
+    pids = _wait_for(lambda: len(_node_pids(run_dir)) == 3 and _node_pids(run_dir), 60, "nodes")
+    proc.kill()
+    proc.wait()
+    counter = _gauges(run_dir)["pid_counter"]
+    with pytest.raises(RunDirError, match="nodes of an earlier launch .* are still running"):
+        RunDir(run_dir).lock(wait_for_nodes_s=0.5)
+    assert _alive(counter)
+    told = []
+    relaunch = RunDir(run_dir)
+    relaunch.lock(wait_for_nodes_s=60, notify=told.append)
+    try:
+        assert not any(_alive(p) for p in pids)
+        assert len(told) == 1 and "still saving" in told[0], told
+    finally:
+        relaunch.unlock()
 
 
 def test_second_launcher_on_same_run_dir_is_refused(tmp_path):
