@@ -1,15 +1,21 @@
-"""Chaos run as the issue states it: kill -9 a random node every 20-40 s, seeded.
+"""Chaos run as the issue states it: a fault to a random node every 20-40 s, seeded.
 
 One `replicator launch d4pg` (tiny D4PG, 1 actor, cartpole:balance) with a budget of
 `--steps` actor steps; while it runs, a seeded random node among replay, learner,
-actor_0 and evaluator is killed every uniform(20, 40) s, until 90% of the budget (a
-kill during the final stop is a failed save, which the exit status must report). At the end it checks what
-`tests/launch/test_d4pg_chaos.py` checks (the test is the short, every-node-once form):
-exit code 0, the budget reached, every restarted learner restored at least its last
-checkpoint, every restarted replay restored its last checkpoint's size, no process
-left, metrics.csv holding every evaluation exactly once.
+actor_0 and evaluator gets a seeded signal among `--signals` (SIGKILL: a crash;
+SIGTERM to that node alone: it saves and returns unasked, which must count as a
+failure and restart it) every uniform(20, 40) s, until 90% of the budget (a fault
+during the final stop is a failed save, which the exit status must report). With
+`--relaunch-at F` the launcher itself is killed (-9) once F of the budget is done and
+the run is relaunched with only `--run-dir` at once, while the old nodes still save:
+the relaunch must wait for them (never two replays or learners on one directory).
+At the end it checks what `tests/launch/test_d4pg_chaos.py` checks (the test is the
+short, every-node-once form): exit code 0, the budget reached, every restarted learner
+restored at least its last checkpoint, every restarted replay restored its last
+checkpoint's size, no process left, metrics.csv holding every evaluation exactly once.
 
-    python benchmarks/launch_chaos.py [--seed 1 --steps 80000]
+    python benchmarks/launch_chaos.py [--seed 1 --steps 80000 --signals kill,term \
+        --relaunch-at 0.5]
 
 Writes benchmarks/results/launch_chaos.json (kills, checks, duration, load).
 """
@@ -37,6 +43,7 @@ from tests.launch import d4pg_cli_support as c  # noqa: E402
 from tests.launch import d4pg_support as s  # noqa: E402
 
 VICTIMS = ("replay", "learner", "actor_0", "evaluator")
+SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
 
 
 def _checkpoint_step(run_dir: str) -> int:
@@ -48,21 +55,57 @@ def _checkpoint_step(run_dir: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+def _relaunch(run_dir: str, state: dict):
+    """Relaunches with only --run-dir while the killed launcher's nodes may still save;
+    watches that no new node starts before every old one has exited."""
+    old = [p for p in state["old_pids"] if c.alive(p)]
+    state["old_alive_at_relaunch"] = len(old)
+    proc = c.start_cli(run_dir)
+    overlap = set()
+    while any(c.alive(p) for p in old):
+        new = [p for p in c.all_node_pids(proc) if p not in state["old_pids"]]
+        if new:
+            overlap.update(new)
+        time.sleep(0.05)
+    state.update(pending=False, overlap=sorted(overlap))
+    state["waited"] = "are still saving" in c.cli_output(run_dir)
+    return proc
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--steps", type=int, default=80_000)
+    parser.add_argument("--signals", default="kill", help="comma-separated: kill, term")
+    parser.add_argument(
+        "--relaunch-at", type=float, default=None, help="kill -9 the launcher at this fraction"
+    )
     args = parser.parse_args()
+    signals = [SIGNALS[name] for name in args.signals.split(",")]
     rng = random.Random(args.seed)
     run_dir = os.path.join(tempfile.mkdtemp(prefix="chaos-"), "run")
     started = time.monotonic()
     proc = c.start_cli(run_dir, steps=args.steps, extra=["--replay-checkpoint-every", "5"])
     kills, pids, loads = [], set(), []
+    relaunch: dict = {}
     try:
         next_kill = time.monotonic() + rng.uniform(20, 40)
-        while proc.poll() is None:
+        while proc.poll() is None or relaunch.get("pending"):
             time.sleep(0.2)
             pids.update(c.all_node_pids(proc))
+            if relaunch.get("pending"):
+                proc = _relaunch(run_dir, relaunch)
+                continue
+            if (
+                args.relaunch_at is not None
+                and not relaunch
+                and c.actor_steps(run_dir) >= args.relaunch_at * args.steps
+            ):
+                relaunch.update(pending=True, old_pids=c.all_node_pids(proc))
+                proc.kill()
+                proc.wait()
+                print(f"{time.monotonic() - started:.0f}s: kill -9 the launcher", flush=True)
+                continue
             if time.monotonic() < next_kill:
                 continue
             if c.actor_steps(run_dir) >= 0.9 * args.steps:
@@ -76,17 +119,19 @@ def main() -> None:
             offset = len(s.log_text(run_dir, victim))
             saved = c.checkpoint_lines(run_dir, 0, offset)
             expected = saved[-1] if victim == "replay" and saved else _checkpoint_step(run_dir)
-            os.kill(pid, signal.SIGKILL)
+            sent = rng.choice(signals)
+            os.kill(pid, sent)
             loads.append(os.getloadavg()[0])
             kills.append(
                 {
                     "victim": victim,
+                    "signal": signal.Signals(sent).name,
                     "at_s": time.monotonic() - started,
                     "offset": offset,
                     "expected": expected,
                 }
             )
-            print(f"{kills[-1]['at_s']:.0f}s: kill -9 {victim}", flush=True)
+            print(f"{kills[-1]['at_s']:.0f}s: {kills[-1]['signal']} to {victim}", flush=True)
             next_kill = time.monotonic() + rng.uniform(20, 40)
         code = proc.wait()
     finally:
@@ -95,8 +140,16 @@ def main() -> None:
     duration = time.monotonic() - started
     checks = {"exit_code_0": code == 0, "budget_reached": c.actor_steps(run_dir) >= args.steps}
     problems = []
+    if relaunch:
+        # The relaunch started no node while one of the old generation was alive.
+        checks["relaunch_waited_for_old_nodes"] = relaunch.get("overlap") == []
+        checks["relaunch_announced_the_wait"] = relaunch.get("waited", False) or not relaunch.get(
+            "old_alive_at_relaunch"
+        )
     for kill in kills:
         text = s.log_text(run_dir, kill["victim"])[kill["offset"] :]
+        if "start #" not in text:
+            problems.append(f"{kill['victim']} was not restarted after {kill['signal']}")
         if kill["victim"] == "learner":
             match = re.search(r"restored at step (\d+)", text)
             if not match or int(match.group(1)) < kill["expected"]:
@@ -130,6 +183,8 @@ def main() -> None:
         {
             "seed": args.seed,
             "steps": args.steps,
+            "signals": args.signals,
+            "relaunch": {k: v for k, v in relaunch.items() if k != "old_pids"},
             "duration_s": duration,
             "kills": [{k: v for k, v in kill.items() if k != "offset"} for kill in kills],
             "checks": checks,

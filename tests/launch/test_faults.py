@@ -360,11 +360,11 @@ def test_compatibility_is_checked_again_under_the_lock(tmp_path, monkeypatch, ca
     run_dir = str(tmp_path / "run")
     original = RunDir.lock
 
-    def lock_after_another_launcher(self):
+    def lock_after_another_launcher(self, **kwargs):
         # Another launcher created a run of another task between our check and our lock.
         os.makedirs(self.root, exist_ok=True)
         self.write_identity({"program": "d4pg", "task": "walker:walk", "config": {}})
-        original(self)
+        original(self, **kwargs)
 
     monkeypatch.setattr(RunDir, "lock", lock_after_another_launcher)
     assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--env", "cartpole:balance"]) == 2

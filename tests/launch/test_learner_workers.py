@@ -185,6 +185,7 @@ def test_local_learner_group_steps_writes_from_the_chief_and_restarts_together(t
     ]
     top = {f.split("/")[0] for f in files}
     assert top == {
+        ".nodes.lock",  # Held by the node processes (a relaunch waits for them).
         "checkpoints",
         "logs",
         "metrics",
