@@ -59,6 +59,7 @@ class NodeContext:
         # can drop a record it has seen already (once and only once across relaunches).
         self._source = uuid.uuid4().hex[:12]
         self._seq = itertools.count(1)
+        self.stop_time_needed = 0.0  # Seconds asked for by `need_stop_time` (0: none).
 
     # Stopping.
     def should_stop(self) -> bool:
@@ -113,8 +114,6 @@ class NodeContext:
         supervisor and a node whose launcher died both wait that long."""
         self.stop_time_needed = float(seconds)
         self.publish(STOP_TIME_KEY + self.name, self.stop_time_needed)
-
-    stop_time_needed: float = 0.0
 
     def path(self, *parts: str) -> str:
         """A path inside the run directory, its parent directories created."""

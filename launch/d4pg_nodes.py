@@ -23,9 +23,13 @@ import os
 import time
 from typing import Any
 
-from launch import replay_link
 from launch.errors import NodeStartupError
-from launch.replay_link import reconnect_or_raise, replay_reachable, wait_for_replay
+from launch.replay_link import (
+    is_connection_error,
+    reconnect_or_raise,
+    replay_reachable,
+    wait_for_replay,
+)
 from launch.run_dir import write_json_atomic
 
 REPLAY_ADDRESS = "replay_address"
@@ -329,7 +333,7 @@ def _republish_if_missing(ctx, agent) -> bool:
     try:
         return agent.republish_if_missing()
     except Exception as e:  # pylint: disable=broad-except
-        if not replay_link.is_connection_error(e):
+        if not is_connection_error(e):
             raise
         ctx.log(f"could not check the replay's weights ({type(e).__name__}); retrying")
         return False

@@ -64,19 +64,21 @@ def test_bad_node_arguments_are_a_start_up_error(tmp_path):
     assert "no_such_arg" in result["outcome"].message
 
 
-def test_restart_budget_stops_a_crash_loop_with_the_last_log_lines(tmp_path):
-    run_dir = str(tmp_path / "run")
-    policy = RestartPolicy(
-        initial_backoff=0.1,
-        max_backoff=0.2,
-        healthy_after=0.05,  # Every crash comes after a "healthy" start: only the budget stops it.
-        max_restarts=3,
-        restart_window=60.0,
-    )
+def _crash_loop(tmp_path, **policy):
+    """The outcome of a node that crashes 0.1 s after every start, under `policy`.
+
+    Every crash comes after a "healthy" start (healthy_after 0.05 s), so only the
+    restart budget can stop the loop.
+    """
+    policy = RestartPolicy(initial_backoff=0.1, max_backoff=0.2, healthy_after=0.05, **policy)
     program = Program("p", [Node("loop", "tests.launch.nodes:crash_every_time", restart=policy)])
-    t, result, _ = _run_in_thread(program, run_dir)
+    t, result, _ = _run_in_thread(program, str(tmp_path / "run"))
     t.join(60)
-    outcome = result["outcome"]
+    return result["outcome"]
+
+
+def test_restart_budget_stops_a_crash_loop_with_the_last_log_lines(tmp_path):
+    outcome = _crash_loop(tmp_path, max_restarts=3, restart_window=60.0)
     assert outcome.reason == "failed"
     assert outcome.restarts["loop"] == 3
     assert "failed 4 times within 1 min (restart budget: 3)" in outcome.message
@@ -86,19 +88,12 @@ def test_restart_budget_stops_a_crash_loop_with_the_last_log_lines(tmp_path):
 def test_a_crash_loop_slower_than_the_restart_window_is_stopped_by_the_total_cap(tmp_path):
     # Issue 18, item 9: a node failing just after each window's worth of running never
     # exceeds the sliding budget; the cap on the launch's restarts stops it.
-    run_dir = str(tmp_path / "run")
-    policy = RestartPolicy(
-        initial_backoff=0.1,
-        max_backoff=0.2,
-        healthy_after=0.05,
+    outcome = _crash_loop(
+        tmp_path,
         max_restarts=3,
         restart_window=0.05,  # Shorter than a run of the node: the window never fills.
         max_total_restarts=4,
     )
-    program = Program("p", [Node("loop", "tests.launch.nodes:crash_every_time", restart=policy)])
-    t, result, _ = _run_in_thread(program, run_dir)
-    t.join(60)
-    outcome = result["outcome"]
     assert outcome.reason == "failed"
     assert outcome.restarts["loop"] == 4
     assert "it was restarted 4 times in this launch (at most 4)" in outcome.message

@@ -36,6 +36,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from launch.run_dir import write_json_atomic  # One fsyncing write-then-rename.
+
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.csv"
 INVOCATIONS_FILE = "invocations.jsonl"
@@ -56,15 +58,6 @@ RESUMABLE_KEYS = (
 
 class RunDirError(ValueError):
     """A run directory that cannot be used as asked; the message says what to do."""
-
-
-def write_json_atomic(path: str, value: Any) -> None:
-    """Writes `value` as JSON to `path` via a temporary file and a rename."""
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(temporary, path)
 
 
 class RunDir:
