@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -38,6 +39,9 @@ _ADDRESS_FILE = "replay_address.json"  # In checkpoints/: the port a restarted r
 RECONNECT_TIMEOUT_S = 600.0  # How long clients wait for a restarting replay before failing.
 # The replay node's stop timeout (it asks for more once its checkpoints take longer).
 REPLAY_STOP_TIMEOUT_S = 60.0
+# After a stop request, how long an update may still run before it is cancelled (it is
+# then waiting for a replay that does not answer).
+STEP_CANCEL_GRACE_S = 5.0
 
 
 def _config(config: dict[str, Any]):
@@ -193,7 +197,10 @@ def learner(
 
     cfg = _config(config)
     _, spec = _environment(cfg, task, seed=cfg.seed)
-    from agents.d4pg.learning import ReplayTimeoutError  # pylint: disable=import-outside-toplevel
+    from agents.d4pg.learning import (  # pylint: disable=import-outside-toplevel
+        ReplayTimeoutError,
+        StepCancelledError,
+    )
 
     workers = len(group_addresses or ()) or 1
     is_chief = worker_index == 0
@@ -240,10 +247,14 @@ def learner(
         )
 
     last_probe = time.monotonic()
+    loop_done = threading.Event()
+    _cancel_steps_blocked_at_stop(ctx, agent, loop_done)
     try:
         while not stop.should_stop(ctx.should_stop(), steps):
             try:
                 metrics = agent.step()
+            except StepCancelledError:
+                break
             except ReplayTimeoutError:
                 # Waiting for actors (or for min_replay_size)... or for a dead replay, or
                 # for one that came back without the weights (none checkpointed yet).
@@ -301,6 +312,8 @@ def learner(
         if not ctx.should_stop() and not ctx.wait(1.0):
             raise
         ctx.log(f"update interrupted by shutdown ({type(e).__name__})")
+    finally:
+        loop_done.set()
     ctx.gauge(**{steps_key: agent.num_steps})
     if not is_chief:
         ctx.log(f"stopped at step {agent.num_steps} (the chief writes the checkpoint)")
@@ -309,6 +322,31 @@ def learner(
     snapshot()
     writer.flush()
     ctx.log(f"final learner checkpoint at step {agent.num_steps}: {path}")
+
+
+def _cancel_steps_blocked_at_stop(ctx, agent, loop_done: threading.Event) -> None:
+    """Once a stop is asked, gives the update loop `STEP_CANCEL_GRACE_S` to end, then
+    cancels the update it is blocked in, so the final checkpoint is still written.
+
+    An update waits for its batch without a deadline while the replay does not answer
+    (it stopped before the learner, as when every node of a dead launcher stops at once,
+    or it is down or frozen); without this the learner would reach its stop deadline
+    unsaved. A normal update ends within the sampling timeout (1 s) plus its compute.
+    """
+
+    def watch() -> None:
+        while not ctx.wait(1.0):
+            if loop_done.is_set():
+                return
+        if loop_done.wait(STEP_CANCEL_GRACE_S):
+            return
+        ctx.log(
+            f"an update still waits for the replay {STEP_CANCEL_GRACE_S:.0f}s after the stop "
+            "request: cancelling it to write the final checkpoint"
+        )
+        agent.cancel_steps()
+
+    threading.Thread(target=watch, name="cancel-blocked-steps", daemon=True).start()
 
 
 def _reconnect_learner(

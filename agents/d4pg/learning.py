@@ -12,6 +12,10 @@ import reverb
 import sonnet as snt
 import tensorflow as tf
 
+# Not exported by TF, but what tf.distribute's ClusterCoordinator cancels its blocked
+# functions with; TF is pinned (2.15) in pyproject.toml.
+from tensorflow.python.eager import cancellation
+
 import replication
 from agents import core
 from agents.d4pg import augmentation, diagnostics, losses, networks, variables
@@ -39,6 +43,10 @@ InputFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 # cartpole items, 256 cut the learner's CPU per batch by about 30% (1.57 against 2.26 ms;
 # 64: 1.61, 1024: 2.17) for ~0.05 ms more on the replay server.
 SAMPLES_PER_STREAM = 256
+
+
+class StepCancelledError(RuntimeError):
+    """`D4PGLearner.step` was cancelled by `cancel_steps` (the learner is stopping)."""
 
 
 class ReplayTimeoutError(TimeoutError):
@@ -232,6 +240,7 @@ class D4PGLearner(core.Learner):
 
         self._input_fn = input_fn
         self._iterator = iter(replicator.distribute(input_fn))
+        self._cancellation = cancellation.CancellationManager()
         # One compiled call runs `updates_per_call` updates: the per-call cost (Python,
         # function dispatch, fetching the metrics) is paid once for all of them.
         self._train = tf.function(self._train_step)
@@ -409,9 +418,15 @@ class D4PGLearner(core.Learner):
           ReplayTimeoutError: the input ended, i.e. sampling timed out (only with a
             `rate_limiter_timeout_ms` input); the next call samples again. The updates
             of the call done before the timeout are kept (`num_steps` counts them).
+          StepCancelledError: `cancel_steps` was called, before or during this step.
         """
         try:
-            metrics = self._train(self._iterator)
+            with cancellation.CancellationManagerContext(self._cancellation):
+                metrics = self._train(self._iterator)
+        except tf.errors.CancelledError:
+            if not self._cancellation.is_cancelled:
+                raise
+            raise StepCancelledError("the update was cancelled by cancel_steps()") from None
         except tf.errors.OutOfRangeError:
             self._iterator = iter(self._repl.distribute(self._input_fn))
             raise ReplayTimeoutError(
@@ -427,6 +442,19 @@ class D4PGLearner(core.Learner):
         if spi is not None:
             result["samples_per_insert"] = spi
         return result
+
+    def cancel_steps(self) -> None:
+        """Cancels the step in flight, if any, and every later one; callable from any thread.
+
+        A step waits in its input for as long as the replay does not answer: Reverb's
+        sampler retries an unreachable server for ever (a replay that stopped first, was
+        killed or is frozen), and no rate-limiter timeout fires without an answer. A
+        process that must save when it stops calls this from another thread; the step
+        then raises `StepCancelledError`. What the step did is whole updates only (each
+        update's writes wait for its batch), so a checkpoint saved afterwards is one the
+        learner could have saved between two updates.
+        """
+        self._cancellation.start_cancel()
 
     @property
     def support_warning(self) -> str | None:

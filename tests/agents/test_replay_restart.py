@@ -13,8 +13,9 @@ import pytest
 import reverb
 
 import replication
-from agents.d4pg import variables
-from agents.d4pg.learning import D4PGLearner
+from agents.d4pg import builder, variables
+from agents.d4pg.config import D4PGConfig
+from agents.d4pg.learning import D4PGLearner, StepCancelledError
 from agents.d4pg.replay import PARAMS_TABLE, make_replay_server
 from tests.agents.test_checkpointing import CONFIG, SPEC, _acting_shapes, _input_fn
 
@@ -123,3 +124,57 @@ def test_publishing_to_a_replay_that_went_away_raises_instead_of_hanging():
     server.stop()
     with pytest.raises(reverb.errors.DeadlineExceededError, match="is the replay down"):
         _finishes(lambda: publisher.publish(2, weights), seconds=30)
+
+
+def test_a_step_blocked_on_a_stopped_replay_is_cancelled_and_the_learner_still_saves(tmp_path):
+    # Reverb's sampler retries a server that does not answer for ever, so at a stop where
+    # the replay went first the learner sat in `step()` until its deadline, unsaved.
+    from tests.agents.test_adders import SPEC as ADDER_SPEC  # pylint: disable=import-outside-toplevel
+    from tests.agents.test_adders import _write  # pylint: disable=import-outside-toplevel
+
+    config = D4PGConfig.from_overrides(
+        {
+            **CONFIG.to_dict(),
+            "n_step": 1,
+            "batch_size": 4,
+            "min_replay_size": 1,
+            "samples_per_insert": 0,
+            "updates_per_call": 1,
+        }
+    )
+    server = make_replay_server(config, ADDER_SPEC)
+    address = f"localhost:{server.port}"
+    _write(reverb.Client(address), 1, [(20, 1.0)])
+    learner = builder.make_learner(
+        config,
+        ADDER_SPEC,
+        address,
+        replication.make("cpu"),
+        str(tmp_path / "ckpt"),
+        rate_limiter_timeout_ms=1000,
+        publish=False,
+    )
+    learner.step()
+    server.stop()
+    outcome: list[BaseException] = []
+
+    def step_until_it_raises():  # The batches prefetched before the stop come first.
+        try:
+            while True:
+                learner.step()
+        except Exception as e:  # pylint: disable=broad-except
+            outcome.append(e)
+
+    thread = threading.Thread(target=step_until_it_raises, daemon=True)
+    thread.start()
+    thread.join(5.0)
+    assert thread.is_alive(), outcome  # Blocked: no timeout fires without an answer.
+    steps = learner.num_steps
+    learner.cancel_steps()
+    thread.join(30.0)
+    assert not thread.is_alive(), "the step still waits after cancel_steps()"
+    assert isinstance(outcome[0], StepCancelledError), outcome
+    assert learner.num_steps == steps
+    assert learner.save().endswith(f"ckpt-{steps}")
+    with pytest.raises(StepCancelledError):  # Later steps too: the learner is stopping.
+        learner.step()

@@ -130,6 +130,36 @@ def test_kill_9_of_the_launcher_leaves_final_checkpoints_and_no_orphan(tmp_path)
     assert max(os.path.getmtime(d) for d in replay_dirs) >= killed_at
 
 
+def test_a_learner_whose_replay_does_not_answer_still_saves_when_its_launcher_dies(tmp_path):
+    # What CI met under load: every node of a dead launcher stops at once, the replay can
+    # be gone before the learner's update ends, and Reverb's sampler waits for an answer
+    # for ever. A frozen replay (SIGSTOP) makes that window as long as the whole stop.
+    run_dir = str(tmp_path / "run")
+    with c.running_cli(run_dir, steps=100_000) as proc:
+        s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 20, 300, "learner steps")
+        pids = c.all_node_pids(proc)
+        replay = c.node_pid(proc, "replay")
+        offset = len(s.log_text(run_dir, "learner"))
+        os.kill(replay, signal.SIGSTOP)
+        try:
+            time.sleep(3.0)  # The learner's prefetched batches run out; its update waits.
+            killed_at = time.time()
+            proc.kill()
+            proc.wait()
+            s.wait_for(
+                lambda: "final learner checkpoint" in s.log_text(run_dir, "learner")[offset:],
+                60,
+                "the learner's final checkpoint",
+            )
+        finally:
+            os.kill(replay, signal.SIGCONT)
+    learner = s.log_text(run_dir, "learner")[offset:]
+    assert "cancelling it to write the final checkpoint" in learner, learner
+    index = os.path.join(run_dir, "checkpoints", "learner", "checkpoint")
+    assert os.path.getmtime(index) >= killed_at
+    s.wait_for(lambda: not any(c.alive(p) for p in pids), 90, "every node to exit")
+
+
 def test_a_learner_whose_final_save_fails_makes_the_exit_status_say_so(tmp_path):
     run_dir = str(tmp_path / "run")
     with c.running_cli(run_dir, steps=100_000, extra=["--checkpoint-every", "1000000"]) as proc:
