@@ -240,7 +240,10 @@ class D4PGLearner(core.Learner):
 
         self._input_fn = input_fn
         self._iterator = iter(replicator.distribute(input_fn))
-        self._cancellation = cancellation.CancellationManager()
+        # One cancellation manager per call: TF cancels a call's manager itself when an
+        # op of the call fails (e.g. the sampling timeout's end of input).
+        self._step_cancellation: cancellation.CancellationManager | None = None
+        self._steps_cancelled = False
         # One compiled call runs `updates_per_call` updates: the per-call cost (Python,
         # function dispatch, fetching the metrics) is paid once for all of them.
         self._train = tf.function(self._train_step)
@@ -420,13 +423,17 @@ class D4PGLearner(core.Learner):
             of the call done before the timeout are kept (`num_steps` counts them).
           StepCancelledError: `cancel_steps` was called, before or during this step.
         """
+        cancelled = StepCancelledError("the update was cancelled by cancel_steps()")
+        manager = self._step_cancellation = cancellation.CancellationManager()
+        if self._steps_cancelled:  # Also when `cancel_steps` ran just before the line above.
+            raise cancelled
         try:
-            with cancellation.CancellationManagerContext(self._cancellation):
+            with cancellation.CancellationManagerContext(manager):
                 metrics = self._train(self._iterator)
         except tf.errors.CancelledError:
-            if not self._cancellation.is_cancelled:
+            if not self._steps_cancelled:
                 raise
-            raise StepCancelledError("the update was cancelled by cancel_steps()") from None
+            raise cancelled from None
         except tf.errors.OutOfRangeError:
             self._iterator = iter(self._repl.distribute(self._input_fn))
             raise ReplayTimeoutError(
@@ -454,7 +461,10 @@ class D4PGLearner(core.Learner):
         update's writes wait for its batch), so a checkpoint saved afterwards is one the
         learner could have saved between two updates.
         """
-        self._cancellation.start_cancel()
+        self._steps_cancelled = True
+        manager = self._step_cancellation
+        if manager is not None:
+            manager.start_cancel()
 
     @property
     def support_warning(self) -> str | None:

@@ -15,7 +15,7 @@ import reverb
 import replication
 from agents.d4pg import builder, variables
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.learning import D4PGLearner, StepCancelledError
+from agents.d4pg.learning import D4PGLearner, ReplayTimeoutError, StepCancelledError
 from agents.d4pg.replay import PARAMS_TABLE, make_replay_server
 from tests.agents.test_checkpointing import CONFIG, SPEC, _acting_shapes, _input_fn
 
@@ -144,7 +144,6 @@ def test_a_step_blocked_on_a_stopped_replay_is_cancelled_and_the_learner_still_s
     )
     server = make_replay_server(config, ADDER_SPEC)
     address = f"localhost:{server.port}"
-    _write(reverb.Client(address), 1, [(20, 1.0)])
     learner = builder.make_learner(
         config,
         ADDER_SPEC,
@@ -154,7 +153,10 @@ def test_a_step_blocked_on_a_stopped_replay_is_cancelled_and_the_learner_still_s
         rate_limiter_timeout_ms=1000,
         publish=False,
     )
-    learner.step()
+    with pytest.raises(ReplayTimeoutError):  # An empty table: the sampling timeout...
+        learner.step()
+    _write(reverb.Client(address), 1, [(20, 1.0)])
+    learner.step()  # ...is no cancellation: the next step samples again.
     server.stop()
     outcome: list[BaseException] = []
 
