@@ -509,7 +509,8 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
     except environments.UnknownTaskError as e:
         raise LaunchError(str(e)) from None
 
-    learner_gpus, ray_resources = _check_learner(args, config)
+    learner_gpus, ray_resources, replicas = _check_learner(args, config)
+    config = _pin_replay_layout(config, replicas)
 
     run_dir = run_dir or RunDir(_default_run_dir(task))
     identity = d4pg_program.identity(task, config.to_dict())
@@ -541,8 +542,25 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
     return settings, config, identity, run_dir, resuming, args, given
 
 
-def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]]]:
-    """Validates the learner layout; returns GPUs per learner worker and Ray resources."""
+def _pin_replay_layout(config, replicas: int):
+    """`config` with its transitions per replay item fixed for `replicas` learner replicas
+    (stored with the run, so a resume keeps the table layout it wrote)."""
+    group = config.resolved_transitions_per_item(replicas)
+    per_replica = config.batch_size // replicas
+    if per_replica % group:
+        raise LaunchError(
+            f"--config.batch_size={config.batch_size} gives each of the {replicas} learner "
+            f"replicas {per_replica} transitions, not a multiple of "
+            f"--config.transitions_per_item={group} (whole items per replica): set "
+            f"--config.batch_size={replicas * group * max(1, per_replica // group)} or a "
+            "smaller --config.transitions_per_item."
+        )
+    return config.with_pinned_layout(replicas)
+
+
+def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]], int]:
+    """Validates the learner layout; returns GPUs per learner worker, Ray resources and
+    the learner's replica count (all workers)."""
     from launch import d4pg_program, learner_group  # pylint: disable=import-outside-toplevel
     from launch import resources as res  # pylint: disable=import-outside-toplevel
 
@@ -586,7 +604,7 @@ def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]]]:
     if args.backend == "ray" and pins_servers(host):
         for role in ("replay", "learner"):  # The nodes that serve: run them on that IP.
             ray_resources.setdefault(role, {}).update(pin_to_ip(host))
-    return gpus, ray_resources
+    return gpus, ray_resources, total
 
 
 def _launch_d4pg(raw_args) -> int:

@@ -139,7 +139,7 @@ def replay(
     # Which side waits on the rate limiter: the bottleneck report (launch.bottleneck).
     monitor = bottleneck.LimiterMonitor(
         lambda: client.server_info()[replay_lib.REPLAY_TABLE],
-        transitions_per_item=cfg.transitions_per_item,
+        transitions_per_item=cfg.resolved_transitions_per_item(),
     ).start()
     writer = bottleneck.SummaryWriter(ctx.path("tensorboard", "replay", ""))
     try:
@@ -547,7 +547,7 @@ def evaluator(
     def actor_steps() -> int:
         info = client.server_info(timeout=10)  # Raises, not hangs, on a replay gone away.
         state = bottleneck.LimiterState.from_table_info(info[REPLAY_TABLE])
-        return state.inserts * cfg.transitions_per_item
+        return state.inserts * cfg.resolved_transitions_per_item()
 
     evaluated = None
     steps_at_eval: int | None = None

@@ -82,7 +82,7 @@ def make_learner(
     update, where a single one publishes).
     """
     check_grouped_batch(
-        replicator.per_replica_batch_size(config.batch_size), config.transitions_per_item
+        replicator.per_replica_batch_size(config.batch_size), config.resolved_transitions_per_item()
     )
     learner = D4PGLearner(
         config,
@@ -117,7 +117,7 @@ def _make_adders(
     transitions of all the actor's environments.
     """
     short = config.short_transitions_from_first_state
-    if config.transitions_per_item == 1:
+    if config.resolved_transitions_per_item() == 1:
         return [
             NStepTransitionAdder(
                 client,
@@ -130,7 +130,7 @@ def _make_adders(
         ]
     writer = TransitionGroupWriter(
         client,
-        config.transitions_per_item,
+        config.resolved_transitions_per_item(),
         GroupedRowLayout.of(env_spec, config),
         pool_size=config.item_pool_size,
         seed=seed,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -14,6 +15,9 @@ from typing import Any
 # make pixel learning cheaper; the fast domains keep finer control.
 PIXEL_ACTION_REPEAT: dict[str, int] = {"cartpole": 8, "finger": 2, "walker": 2}
 DEFAULT_PIXEL_ACTION_REPEAT = 4
+
+# Transitions per replay item for feature runs when `transitions_per_item` is unset.
+DEFAULT_TRANSITIONS_PER_ITEM = 16
 
 # Values of `D4PGConfig.network_init`: ours, and Acme's LayerNormMLP (see the docstring).
 NETWORK_INITS = ("lecun_uniform", "acme")
@@ -159,8 +163,12 @@ class D4PGConfig:
     # batches of B / G whole items), so that a batch holds transitions of many items.
     # Sizes, samples per insert and actor-step counts stay in transitions;
     # `batch_size` must be a multiple of G. Feature observations only (rows are
-    # float32; pixels keep 1).
-    transitions_per_item: int = 1
+    # float32; pixels keep 1). None: `DEFAULT_TRANSITIONS_PER_ITEM` (16) for features,
+    # as far as each replica's share of the batch allows; 1 for pixels
+    # (`resolved_transitions_per_item`). The suite measured 16 against 1 on all six
+    # tasks (docs/throughput.md): at or above D4PG's published mean on 5 of 6 against 4,
+    # in about half the wall time.
+    transitions_per_item: int | None = None
     item_pool_size: int = 256  # Transitions an actor shuffles before it writes G (G > 1).
     shuffle_buffer_transitions: int = 4096  # Learner-side mixing of sampled rows (G > 1).
     # Acting.
@@ -229,7 +237,7 @@ class D4PGConfig:
             problems.append("conv_channels, conv_kernels and conv_strides must have equal lengths")
         if not self.policy_layers or not self.critic_layers:
             problems.append("policy_layers and critic_layers need at least one layer each")
-        group = self.transitions_per_item
+        group = self.resolved_transitions_per_item()
         if group >= 1 and self.batch_size % group:
             problems.append(
                 f"batch_size ({self.batch_size}) must be a multiple of transitions_per_item "
@@ -239,7 +247,7 @@ class D4PGConfig:
             problems.append(
                 f"shuffle_buffer_transitions must be >= 0, got {self.shuffle_buffer_transitions}"
             )
-        if group > 1 and self.from_pixels:
+        if group > 1 and self.from_pixels:  # Only when set: unset resolves to 1.
             problems.append(
                 "transitions_per_item > 1 stores observations inline as float32 feature rows; "
                 "pixel runs keep transitions_per_item=1 (each frame stored once)"
@@ -274,6 +282,29 @@ class D4PGConfig:
             return 1
         domain = task.split(":")[0]
         return PIXEL_ACTION_REPEAT.get(domain, DEFAULT_PIXEL_ACTION_REPEAT)
+
+    def resolved_transitions_per_item(self, replicas: int = 1) -> int:
+        """`transitions_per_item`, or when unset: 1 for pixels, else the largest divisor
+        of `DEFAULT_TRANSITIONS_PER_ITEM` that divides each of `replicas` replicas' share
+        of the batch (16 for the quick preset's 64 on up to 4 replicas).
+
+        Every node of a run must agree on it (it shapes the replay table), so a launcher
+        that knows the learner's replicas pins it once with `with_pinned_layout`; every
+        other reader calls this without `replicas`.
+        """
+        if self.transitions_per_item is not None:
+            return self.transitions_per_item
+        if self.from_pixels or self.batch_size % replicas:
+            return 1
+        return math.gcd(DEFAULT_TRANSITIONS_PER_ITEM, self.batch_size // replicas)
+
+    def with_pinned_layout(self, replicas: int = 1) -> D4PGConfig:
+        """This config with `transitions_per_item` resolved for `replicas` learner
+        replicas and written in, so a stored config means the same after a default
+        changes (the replay table's signature depends on it)."""
+        return dataclasses.replace(
+            self, transitions_per_item=self.resolved_transitions_per_item(replicas)
+        )
 
     def resolved_random_shift(self) -> bool:
         """`random_shift`, or on for pixels and off for features when unset."""

@@ -70,7 +70,7 @@ def reverb_input_fn(
       rate_limiter_timeout_ms: -1 waits for data forever; otherwise the dataset ends when
         the rate limiter blocks sampling this long, and `D4PGLearner.step()` raises
         `ReplayTimeoutError` (so a caller can stop a learner that waits for actors).
-      env_spec: the environment's specs; needed with `config.transitions_per_item` > 1,
+      env_spec: the environment's specs; needed with G > 1 (`resolved_transitions_per_item`),
         whose rows it splits into fields (`replay.GroupedRowLayout`).
 
     With G = `transitions_per_item` > 1 each replica samples B / G items per batch of B
@@ -80,7 +80,7 @@ def reverb_input_fn(
     """
     discount = float(config.discount)
     layout = None
-    if config.transitions_per_item > 1:
+    if config.resolved_transitions_per_item() > 1:
         if env_spec is None:
             raise ValueError("reverb_input_fn needs env_spec when transitions_per_item > 1")
         layout = GroupedRowLayout.of(env_spec, config)
@@ -94,7 +94,7 @@ def reverb_input_fn(
 
     def input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         per_replica = context.get_per_replica_batch_size(config.batch_size)
-        if config.transitions_per_item > 1:
+        if config.resolved_transitions_per_item() > 1:
             return _grouped_input(context, per_replica)
         dataset = reverb.TrajectoryDataset.from_table_signature(
             server_address=server_address,
@@ -118,7 +118,7 @@ def reverb_input_fn(
         # Items of G whole transitions (`group_adder`): per_replica / G items per batch,
         # their rows split into fields (rewards/discounts are [n] rows padded with
         # discount -1).
-        group = config.transitions_per_item
+        group = config.resolved_transitions_per_item()
         check_grouped_batch(per_replica, group)
         items_per_batch = per_replica // group
         dataset = reverb.TrajectoryDataset.from_table_signature(

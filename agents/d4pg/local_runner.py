@@ -128,6 +128,7 @@ def run_single_process(
     start = time.perf_counter()
     if replicator is None:
         replicator = replication.make(replication_spec)
+    config = config.with_pinned_layout(replicator.num_replicas)
     eval_env = builder.make_environment(config, env_name, seed=config.seed + 10_000)
     import environments  # After the replicator: its devices must be set up first.
 

@@ -1,6 +1,6 @@
 """Reverb tables of D4PG: "replay" (n-step transitions) and "params" (latest weights).
 
-The replay holds `config.transitions_per_item` = G transitions per item (see
+The replay holds `config.resolved_transitions_per_item()` = G transitions per item (see
 `D4PGConfig`): its size, minimum size and rate limiter are set in items here, from the
 config's figures in transitions (G transitions per item, so samples per insert is the
 same number in items and in transitions). `transitions` converts counts back.
@@ -78,12 +78,12 @@ def replay_signature(env_spec, config: D4PGConfig | None = None):
     """The "replay" table signature of `config`'s layout (default: one transition per item).
 
     One transition per item: a `ReplayItem`, unbatched, rewards/discounts of variable
-    length m <= n. G > 1 (`config.transitions_per_item`): one float32 [G, width] tensor
+    length m <= n. G > 1 (`D4PGConfig.resolved_transitions_per_item`): one float32 [G, width] tensor
     of G rows (`GroupedRowLayout`).
     """
-    if config is not None and config.transitions_per_item > 1:
+    if config is not None and config.resolved_transitions_per_item() > 1:
         width = GroupedRowLayout.of(env_spec, config).width
-        return tf.TensorSpec([config.transitions_per_item, width], tf.float32)
+        return tf.TensorSpec([config.resolved_transitions_per_item(), width], tf.float32)
     obs = env_spec.observations
     obs_spec = tf.TensorSpec(obs.shape, tf.dtypes.as_dtype(obs.dtype))
     return ReplayItem(
@@ -97,12 +97,12 @@ def replay_signature(env_spec, config: D4PGConfig | None = None):
 
 def items(transition_count: int, config: D4PGConfig) -> int:
     """Items holding `transition_count` transitions (rounded up)."""
-    return -(-int(transition_count) // config.transitions_per_item)
+    return -(-int(transition_count) // config.resolved_transitions_per_item())
 
 
 def transitions(item_count: int, config: D4PGConfig) -> int:
     """Transitions in `item_count` items of `config`'s layout."""
-    return int(item_count) * config.transitions_per_item
+    return int(item_count) * config.resolved_transitions_per_item()
 
 
 def params_signature(config: D4PGConfig, env_spec) -> list[tf.TensorSpec]:
@@ -139,7 +139,7 @@ def make_tables(config: D4PGConfig, env_spec) -> list[reverb.Table]:
         name=REPLAY_TABLE,
         sampler=reverb.selectors.Uniform(),
         remover=reverb.selectors.Fifo(),
-        max_size=max(1, config.max_replay_size // config.transitions_per_item),
+        max_size=max(1, config.max_replay_size // config.resolved_transitions_per_item()),
         rate_limiter=make_rate_limiter(config),
         signature=replay_signature(env_spec, config),
     )

@@ -30,7 +30,9 @@ EPISODE_LENGTHS = [600] + [47] * 4
 
 
 def main() -> None:
-    config = D4PGConfig(min_replay_size=10, samples_per_insert=4.0, n_step=5)
+    config = D4PGConfig(
+        min_replay_size=10, samples_per_insert=4.0, n_step=5, transitions_per_item=1
+    )
     server = make_replay_server(config, SPEC)
     client = reverb.Client(f"localhost:{server.port}")
     kwargs = {} if sys.argv[1] == "default" else {"max_in_flight_items": int(sys.argv[1])}

@@ -253,7 +253,12 @@ def test_export_from_a_checkpoint_reads_the_acting_policy(tmp_path, target):
 def test_actors_write_the_short_first_transitions_when_configured(short):
     """Through `builder`: T + n - 1 items per episode with the option, T without."""
     config = D4PGConfig.from_overrides(
-        {**SMALL, "n_step": 3, "short_transitions_from_first_state": short}
+        {
+            **SMALL,
+            "n_step": 3,
+            "short_transitions_from_first_state": short,
+            "transitions_per_item": 1,  # Counts items of one transition.
+        }
     )
     server = builder.make_replay_server(config, FEATURES)
     try:

@@ -156,6 +156,7 @@ def test_sampled_batches_carry_exact_n_step_returns(short):
             "batch_size": 32,
             "min_replay_size": 1,
             "samples_per_insert": 0,
+            "transitions_per_item": 1,  # The one-transition adder's items.
         }
     )
     server = make_replay_server(config, SPEC)

@@ -86,7 +86,8 @@ def test_learner_restore_gives_identical_weights_optimiser_state_and_step(tmp_pa
 
 def test_replay_checkpoint_restores_into_a_new_server(tmp_path):
     config = CONFIG.from_overrides(
-        {"min_replay_size": 1, "samples_per_insert": 0, "n_step": 3}, base=CONFIG
+        {"min_replay_size": 1, "samples_per_insert": 0, "n_step": 3, "transitions_per_item": 1},
+        base=CONFIG,
     )
     server = make_replay_server(config, SPEC, checkpoint_dir=str(tmp_path))
     client = reverb.Client(f"localhost:{server.port}")

@@ -298,3 +298,21 @@ def test_grouped_replay_checkpoint_restores_into_a_new_server(tmp_path):
         assert {_key(row) for row in rows} <= written and len(rows) == 80
     finally:
         restored.stop()
+
+
+@pytest.mark.parametrize(
+    "overrides, replicas, group",
+    [
+        ({}, 1, 16),  # Features: the default of 16.
+        ({"batch_size": 40}, 1, 8),  # The largest divisor of 16 that divides the batch.
+        ({}, 8, 8),  # Each of 8 replicas gets 8 transitions of 64.
+        ({"batch_size": 66}, 3, 2),
+        ({"batch_size": 66}, 4, 1),  # 66 does not split over 4 replicas.
+        ({"from_pixels": True}, 1, 1),  # Pixels store each frame once.
+        ({"transitions_per_item": 4}, 1, 4),  # A set value wins.
+    ],
+)
+def test_an_unset_layout_resolves_to_whole_items_per_replica(overrides, replicas, group):
+    config = D4PGConfig.from_overrides({"batch_size": 64, **overrides})
+    assert config.resolved_transitions_per_item(replicas) == group
+    assert config.with_pinned_layout(replicas).transitions_per_item == group

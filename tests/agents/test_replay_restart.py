@@ -140,6 +140,7 @@ def test_a_step_blocked_on_a_stopped_replay_is_cancelled_and_the_learner_still_s
             "min_replay_size": 1,
             "samples_per_insert": 0,
             "updates_per_call": 1,
+            "transitions_per_item": 1,  # `_write` writes items of one transition.
         }
     )
     server = make_replay_server(config, ADDER_SPEC)

@@ -1,4 +1,5 @@
-"""Resuming a run whose saved config predates keys added since (Acme options, layout)."""
+"""Resuming a run whose saved config predates keys added since (Acme options, layout),
+and the replay layout a new run pins so that a later default cannot change it."""
 
 import json
 import os
@@ -30,8 +31,8 @@ def _old_run(tmp_path, **config_changes) -> str:
     return run_dir
 
 
-def _resolve(run_dir, **overrides):
-    argv = ["launch", "d4pg", "--run-dir", run_dir]
+def _resolve(run_dir, *flags, **overrides):
+    argv = ["launch", "d4pg", "--run-dir", run_dir, *flags]
     args = cli._build_parser(argv).parse_args(argv)
     return cli._resolve_d4pg(args, {k: str(v) for k, v in overrides.items()})
 
@@ -72,3 +73,22 @@ def test_the_fallbacks_not_todays_defaults_decide(tmp_path, monkeypatch):
     assert resuming and config.network_init == "acme"
     with pytest.raises(RunDirError, match="config.network_init: the run has 'acme'"):
         _resolve(run_dir, network_init="lecun_uniform")
+
+
+@pytest.mark.parametrize("replicas, group", [("cpu", 16), ("cpu:8", 8)])
+def test_a_new_run_stores_the_layout_its_replicas_share_of_the_batch_allows(
+    tmp_path, replicas, group
+):
+    """Unset, 16 transitions per item, as far as each replica's share of 64 allows; the
+    stored value is the number, so the run resumes with it whatever the default becomes."""
+    _, config, identity, _, resuming, _, _ = _resolve(
+        str(tmp_path / "run"), "--learner-replicas", replicas
+    )
+    assert not resuming
+    assert config.transitions_per_item == group
+    assert identity["config"]["transitions_per_item"] == group
+
+
+def test_a_layout_that_splits_items_across_replicas_is_refused(tmp_path):
+    with pytest.raises(cli.LaunchError, match="each of the 8 learner replicas 8 transitions"):
+        _resolve(str(tmp_path / "run"), "--learner-replicas", "cpu:8", transitions_per_item=16)
