@@ -494,13 +494,6 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
     except ValueError as e:
         raise LaunchError(f"{e}. Set keys as --config.KEY=VALUE.") from None
 
-    if args.show_config:
-        raise LaunchError(
-            "\n".join(
-                f"--config.{k}={_flag_value(v)}" for k, v in sorted(config.to_dict().items())
-            ),
-            exit_code=0,
-        )
     task = args.env or (saved or {}).get("task") or d4pg_program.D4PGProgramSettings().task
     import environments  # pylint: disable=import-outside-toplevel
 
@@ -511,6 +504,13 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
 
     learner_gpus, ray_resources, replicas = _check_learner(args, config)
     config = _pin_replay_layout(config, replicas)
+    if args.show_config:  # After the layout is resolved for the learner's replicas.
+        raise LaunchError(
+            "\n".join(
+                f"--config.{k}={_flag_value(v)}" for k, v in sorted(config.to_dict().items())
+            ),
+            exit_code=0,
+        )
 
     run_dir = run_dir or RunDir(_default_run_dir(task))
     identity = d4pg_program.identity(task, config.to_dict())
@@ -588,8 +588,8 @@ def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]], in
     gpus = res.learner_gpus(
         spec, workers, args.backend, None if on_cluster else res.local_gpu_ids()
     )
-    replicas = d4pg_program.replicas_of(spec) or max(1, int(gpus))
-    total = replicas * workers
+    total = d4pg_program.learner_replica_count(spec, workers, gpus)
+    replicas = total // workers
     if config.batch_size % total:
         raise LaunchError(
             f"--config.batch_size={config.batch_size} must be divisible by the {total} learner "

@@ -128,9 +128,19 @@ class D4PGProgramSettings:
     max_restarts: int = 10
     restart_window_s: float = 600.0
 
+    def learner_replica_count(self) -> int:
+        """Replicas of the whole learner (`learner_replica_count`)."""
+        return learner_replica_count(self.learner_replicas, self.learner_workers, self.learner_gpus)
+
     def learner_names(self) -> list[str]:
         """Node names of the learner workers, the chief first."""
         return ["learner"] + [f"learner_{i}" for i in range(1, self.learner_workers)]
+
+
+def learner_replica_count(spec: str, workers: int, gpus_per_worker: float) -> int:
+    """Replicas of a learner of `workers` workers: per worker those of a `cpu:N` spec, else
+    one per GPU the worker asks for (at least one)."""
+    return (replicas_of(spec) or max(1, int(gpus_per_worker))) * workers
 
 
 def replicas_of(spec: str) -> int | None:
@@ -155,6 +165,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
       settings: The layout.
       config: ``D4PGConfig.to_dict()`` of the (already validated) config.
     """
+    config = _with_pinned_layout(settings, config)
     common = {"task": settings.task, "config": config}
     address = Ref("replay_address")
     budget = {"max_restarts": settings.max_restarts, "restart_window": settings.restart_window_s}
@@ -256,6 +267,21 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
         # All nodes in one process (threads backend): carve the logical CPUs first.
         setup = ("replication:ensure_logical_cpus", {"count": count})
     return Program("d4pg", nodes, setup=setup)
+
+
+def _with_pinned_layout(settings: D4PGProgramSettings, config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with its transitions per replay item resolved for the learner's replicas.
+
+    Every node builds its replay table or input pipeline from the one config, so the value
+    is fixed here, once, rather than resolved by each node (the CLI pins it before, for
+    the run's stored identity; this covers programs built in Python).
+    """
+    if config.get("transitions_per_item") is not None:
+        return config
+    from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
+
+    replicas = settings.learner_replica_count()
+    return D4PGConfig.from_dict(config).with_pinned_layout(replicas).to_dict()
 
 
 def identity(task: str, config: dict[str, Any]) -> dict[str, Any]:

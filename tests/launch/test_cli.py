@@ -312,6 +312,7 @@ def test_show_config_prints_effective_flags(capsys):
     assert cli.main(["launch", "d4pg", "--show-config", "--config.sigma=0.2"]) == 0
     lines = capsys.readouterr().out.split()
     assert "--config.sigma=0.2" in lines and "--config.policy_layers=64,64" in lines
+    assert "--config.transitions_per_item=16" in lines  # Resolved, as the run stores it.
     assert cli.main(["launch", "d4pg", "--preset", "paper", "--show-config"]) == 0
     assert "--config.policy_layers=256,256,256" in capsys.readouterr().out.split()
 

@@ -59,7 +59,7 @@ def test_replay_killed_before_its_first_checkpoint_comes_back_empty_and_the_run_
     # "filling replay" with 0 actor steps/s; tests/agents/test_replay_restart.py has the
     # deterministic halves of it).
     run_dir = str(tmp_path / "run")
-    budget = 4000
+    budget = 8000  # The kill comes at ~3.5k actor steps (20 learner steps): far from the end.
     extra = ["--replay-checkpoint-every", "100000", "--config.min_replay_size=600"]
     with c.running_cli(run_dir, steps=budget, extra=extra) as proc:
         s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 20, 300, "learner steps")

@@ -69,7 +69,7 @@ def run(tmp_path_factory):
         "--actors",
         "1",
         "--steps",
-        "1400",
+        "3000",  # Inserts lag actor steps by the actor's pool (256) with 16 per item.
         "--run-dir",
         run_dir,
         "--eval-every-steps",

@@ -9,6 +9,7 @@ import pytest
 from agents.d4pg.config import SAVED_CONFIG_FALLBACKS, D4PGConfig
 from launch import cli, d4pg_program
 from launch.run_dir import RunDirError
+from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -92,3 +93,11 @@ def test_a_new_run_stores_the_layout_its_replicas_share_of_the_batch_allows(
 def test_a_layout_that_splits_items_across_replicas_is_refused(tmp_path):
     with pytest.raises(cli.LaunchError, match="each of the 8 learner replicas 8 transitions"):
         _resolve(str(tmp_path / "run"), "--learner-replicas", "cpu:8", transitions_per_item=16)
+
+
+def test_a_program_built_in_python_gives_every_node_one_layout_for_its_learner():
+    """Without the CLI: 2 workers x `cpu` split the tiny batch of 16 into 8 per replica."""
+    for workers, group in ((1, 16), (2, 8)):
+        program = s.tiny_program(learner_workers=workers)
+        layouts = {n.kwargs["config"]["transitions_per_item"] for n in program.nodes}
+        assert layouts == {group}, workers
