@@ -113,10 +113,18 @@ def _sweep_text(summary: Mapping[str, Any]) -> str:
 
 
 def _kills_text(kills: list[Mapping[str, Any]]) -> str:
-    """Like `8 kills: 3 replay, 3 evaluator, ...` (victims by count, then by name)."""
-    counts = collections.Counter(k["victim"] for k in kills)
-    by_count = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    return f"{len(kills)} kills: " + ", ".join(f"{n} {victim}" for victim, n in by_count)
+    """Like `8 kills: 3 replay, 3 evaluator, ...` (victims by count, then by name), or with
+    other signals than SIGKILL `7 faults: 3 replay, ...; 4 SIGTERM, 3 SIGKILL`."""
+
+    def ranked(counter: collections.Counter) -> str:
+        by_count = sorted(counter.items(), key=lambda item: (-item[1], item[0]))
+        return ", ".join(f"{n} {name}" for name, n in by_count)
+
+    victims = ranked(collections.Counter(k["victim"] for k in kills))
+    signals = collections.Counter(k.get("signal", "SIGKILL") for k in kills)
+    if set(signals) == {"SIGKILL"}:
+        return f"{len(kills)} kills: {victims}"
+    return f"{len(kills)} faults: {victims}; {ranked(signals)}"
 
 
 def _layout_suite_text(one_per_item: Mapping[str, Any]) -> str:
@@ -144,6 +152,31 @@ def _layout_suite_text(one_per_item: Mapping[str, Any]) -> str:
             f"{base['wall_s']['mean'] / 60 if base else float('nan'):.1f} min"
         )
     return "; ".join(parts)
+
+
+def _chaos_row(result: str, description: str) -> Row:
+    """A `launch_chaos` run: its checks, its faults and how long it took."""
+    return Row(
+        result,
+        description,
+        "{checks_passed}/{checks_total} checks passed ({kills_text}{relaunch_text}; {steps} "
+        "actor steps in {duration_s|.0f} s); noisy, which only slows the run",
+        Target("==", 0, "failed_checks", label="failed checks"),
+        derived={
+            "relaunch_text": lambda d: (
+                f"; the launcher killed and relaunched, {d['relaunch']['old_alive_at_relaunch']}"
+                " old nodes still saving"
+                if d.get("relaunch")
+                else ""
+            ),
+            "checks_passed": lambda d: sum(bool(v) for v in d["checks"].values()),
+            "checks_total": lambda d: len(d["checks"]),
+            "failed_checks": lambda d: (
+                sum(not v for v in d["checks"].values()) + len(d["problems"])
+            ),
+            "kills_text": lambda d: _kills_text(d["kills"]),
+        },
+    )
 
 
 _PAPER = "sizes/paper"
@@ -421,21 +454,22 @@ ROWS: tuple[Row, ...] = (
         "{median_seconds/actor_0|.1f} s, learner stepping {median_seconds/learner|.1f} s (each "
         "with a 1-2 s restart backoff and a Python + TensorFlow start); noisy",
     ),
-    Row(
+    _chaos_row(
         "launch_chaos.json",
         "`launch_chaos`: `kill -9` of a random node every 20-40 s (seed 1), tiny D4PG, "
         "cartpole:balance",
-        "{checks_passed}/{checks_total} checks passed ({kills_text}; {steps} actor steps in "
-        "{duration_s|.0f} s); noisy, which only slows the run",
-        Target("==", 0, "failed_checks", label="failed checks"),
-        derived={
-            "checks_passed": lambda d: sum(bool(v) for v in d["checks"].values()),
-            "checks_total": lambda d: len(d["checks"]),
-            "failed_checks": lambda d: (
-                sum(not v for v in d["checks"].values()) + len(d["problems"])
-            ),
-            "kills_text": lambda d: _kills_text(d["kills"]),
-        },
+    ),
+    _chaos_row(
+        "launch_chaos_term_relaunch.json",
+        "`launch_chaos --signals kill,term --relaunch-at 0.5`: `kill -9` or SIGTERM to one "
+        "random node every 20-40 s (seed 1), and `kill -9` of the launcher at half the budget, "
+        "relaunched at once with only `--run-dir`; tiny D4PG, cartpole:balance",
+    ),
+    _chaos_row(
+        "launch_chaos_group.json",
+        "`launch_chaos --learner-workers 2 --victims replay --every 65,90`: `kill -9` of the "
+        "replay every 65-90 s (seed 1) under a synchronous 2-worker learner; tiny D4PG, "
+        "cartpole:balance",
     ),
     Row(
         "launch_replay_checkpoint.json",
