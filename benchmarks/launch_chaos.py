@@ -11,10 +11,10 @@ the run is relaunched with only `--run-dir` at once, while the old nodes still s
 the relaunch must wait for them (never two replays or learners on one directory).
 With `--learner-workers 2 --victims replay --every 65,90` the learner is a synchronous
 2-worker group and only the replay is faulted (more than 60 s apart: a node failing
-sooner after each start is a crash loop, which stops the run by design): both workers
-reconnect to the restarted replay, and the group must keep stepping in lockstep (a worker left waiting in an all-reduce would stall
-every actor on the rate limiter: `--stall-timeout` seconds without a new actor step end
-the run with the check `never_stalled` failed).
+sooner after each start is a crash loop, which stops the run by design): the group must
+come back in lockstep (a worker left waiting in an all-reduce would stall every actor on
+the rate limiter: `--stall-timeout` seconds without a new actor step end the run with
+the check `never_stalled` failed).
 At the end it checks what `tests/launch/test_d4pg_chaos.py` checks (the test is the
 short, every-node-once form): exit code 0, the budget reached, every restarted learner
 restored at least its last checkpoint, every restarted replay restored its last
