@@ -49,6 +49,9 @@ class StepCancelledError(RuntimeError):
     """`D4PGLearner.step` was cancelled by `cancel_steps` (the learner is stopping)."""
 
 
+_CANCELLED = "the update was cancelled by cancel_steps()"
+
+
 class ReplayTimeoutError(TimeoutError):
     """No batch could be sampled in time (the rate limiter kept blocking: actors idle)."""
 
@@ -423,17 +426,16 @@ class D4PGLearner(core.Learner):
             of the call done before the timeout are kept (`num_steps` counts them).
           StepCancelledError: `cancel_steps` was called, before or during this step.
         """
-        cancelled = StepCancelledError("the update was cancelled by cancel_steps()")
         manager = self._step_cancellation = cancellation.CancellationManager()
         if self._steps_cancelled:  # Also when `cancel_steps` ran just before the line above.
-            raise cancelled
+            raise StepCancelledError(_CANCELLED)
         try:
             with cancellation.CancellationManagerContext(manager):
                 metrics = self._train(self._iterator)
         except tf.errors.CancelledError:
             if not self._steps_cancelled:
                 raise
-            raise cancelled from None
+            raise StepCancelledError(_CANCELLED) from None
         except tf.errors.OutOfRangeError:
             self._iterator = iter(self._repl.distribute(self._input_fn))
             raise ReplayTimeoutError(
