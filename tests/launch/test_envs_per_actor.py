@@ -67,4 +67,6 @@ def test_grouped_replay_items_launch_counts_transitions(tmp_path):
     assert size % 4 == 0 and steps - 32 <= size <= steps + 2 * 200, (size, steps)
     inserts = [r["replay_inserts"] for r in s.records(run_dir, "evaluator", "eval")]
     assert len(inserts) >= 2 and all(n % 4 == 0 for n in inserts), inserts
-    assert inserts[-1] >= 1500  # Counted in transitions: items alone would stay below 500.
+    # Counted in transitions: 2,000 steps make at most 500 items of 4. The last evaluation comes
+    # after 1,500 actor steps, but under load its count lags them (1,360 seen), hence 500.
+    assert inserts[-1] > 2000 // 4, inserts
