@@ -212,7 +212,7 @@ def main() -> int:
     parser.add_argument("--spec", default="gpu", help="learner spec under test")
     parser.add_argument("--baseline", default="cpu", help="learner spec to compare with")
     parser.add_argument("--steps", type=int, default=3_000, help="actor-step budget per run")
-    parser.add_argument("--timeout", type=float, default=85.0, help="seconds per run")
+    parser.add_argument("--timeout", type=float, default=95.0, help="seconds per run")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="gpu-check-d4pg-"))
