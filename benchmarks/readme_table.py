@@ -628,10 +628,12 @@ def render(results: Path = RESULTS) -> str:
 
 def uncovered(results: Path = RESULTS) -> list[str]:
     """Result files that no row reads."""
-    covered = {row.result for row in ROWS} | {SUITE_RESULT, SUITE_LONG_RESULT}
+    covered = {row.result for row in ROWS} | {SUITE_RESULT, SUITE_LONG_RESULT, GPU_CHECK_RESULT}
     return sorted(p.name for p in results.glob("*.json") if p.name not in covered)
 
 
+# bin/gpu-check's verdicts on a GPU machine: a check of that machine, not a benchmark row.
+GPU_CHECK_RESULT = "gpu_check.json"
 # The learning suite gets a table of its own: one row per task.
 SUITE_RESULT = "agents_learning_suite.json"
 # 500k-step runs of the slowest-to-plateau tasks: the suite script with --steps 500000.

@@ -101,10 +101,16 @@ def ours(repl, precision: str, batch_size: int, image_size: int, stride_in_1x1: 
     return lambda: classifier.train_step(iterator)["loss"]
 
 
-def keras(mixed: bool, batch_size: int, image_size: int):
-    """The same step for tf.keras.applications.ResNet50(weights=None)."""
-    policy = tf.keras.mixed_precision.global_policy()
-    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16" if mixed else "float32")
+def keras(mixed: bool, batch_size: int, image_size: int, policy: str | None = None):
+    """The same step for tf.keras.applications.ResNet50(weights=None).
+
+    `policy` names a Keras mixed-precision policy and overrides `mixed` (which means
+    "mixed_bfloat16"); "mixed_float16" adds Keras' dynamic loss scaling, without which
+    small float16 gradients underflow (bin/gpu-check measures it on a GPU).
+    """
+    policy = policy or ("mixed_bfloat16" if mixed else "float32")
+    previous = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy(policy)
     try:
         model = tf.keras.applications.ResNet50(
             weights=None,
@@ -113,8 +119,11 @@ def keras(mixed: bool, batch_size: int, image_size: int):
             classifier_activation=None,
         )
     finally:
-        tf.keras.mixed_precision.set_global_policy(policy)
+        tf.keras.mixed_precision.set_global_policy(previous)
     optimizer = tf.keras.optimizers.SGD(LEARNING_RATE, momentum=MOMENTUM)
+    scaled = policy == "mixed_float16"
+    if scaled:
+        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     loss_fn = tf.keras.losses.CategoricalCrossentropy(
         from_logits=True, label_smoothing=LABEL_SMOOTHING
     )
@@ -127,8 +136,11 @@ def keras(mixed: bool, batch_size: int, image_size: int):
         with tf.GradientTape() as tape:
             logits = tf.cast(model(images, training=True), tf.float32)
             loss = loss_fn(targets, logits)
+            scaled_loss = optimizer.get_scaled_loss(loss) if scaled else loss
         parameters = model.trainable_variables
-        gradients = tape.gradient(loss, parameters)
+        gradients = tape.gradient(scaled_loss, parameters)
+        if scaled:
+            gradients = optimizer.get_unscaled_gradients(gradients)
         gradients = [
             g + WEIGHT_DECAY * w if w.ref() in kernels else g  # as ours does
             for g, w in zip(gradients, parameters)
