@@ -67,7 +67,10 @@ class BatchedActor(abc.ABC):
 
     @abc.abstractmethod
     def select_actions(self, observations: NestedArray) -> np.ndarray:
-        """Returns K actions for K observations stacked on a leading axis."""
+        """Returns K actions for K observations stacked on a leading axis.
+
+        The batched loop reuses `observations` for the next step: copy what you keep.
+        """
 
     @abc.abstractmethod
     def observe_first(self, index: int, timestep: dm_env.TimeStep) -> None:

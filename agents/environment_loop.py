@@ -13,6 +13,18 @@ from agents import core
 
 Logger = Callable[[dict], None]
 
+_SCALARS = (float, np.floating)
+
+
+def _sum_reward(reward) -> float:
+    """The reward as one float: scalars directly (every step of an actor pays this), nested
+    or array rewards summed over all their entries."""
+    if isinstance(reward, _SCALARS):
+        return float(reward)
+    if reward is None:
+        return 0.0
+    return float(sum(np.sum(r) for r in tree.flatten(reward)))
+
 
 class EnvironmentLoop:
     """Plays episodes with `actor` in `environment` and reports each one to `logger`.
@@ -88,16 +100,12 @@ class EnvironmentLoop:
         return results
 
 
-def _sum_reward(reward) -> float:
-    if reward is None:
-        return 0.0
-    return float(sum(np.sum(r) for r in tree.flatten(reward)))
-
-
 class BatchedEnvironmentLoop:
     """Steps K environments in lockstep with one `core.BatchedActor` call per step.
 
-    An environment whose episode ended is reset at the next step, so all K keep stepping.
+    An environment whose episode ended is reset at the next step, so all K keep stepping;
+    only those are reset (`resets` counts the calls). The observations given to
+    `select_actions` are one [K, ...] array the loop reuses: an actor copies what it keeps.
     Each finished episode is reported like `EnvironmentLoop` does (one dict per episode,
     with `env_index`); its `steps_per_second` is the loop's rate over all K environments
     during that episode (K times the episode's own length per second).
@@ -129,28 +137,45 @@ class BatchedEnvironmentLoop:
         self._returns = [0.0] * len(self._envs)
         self._lengths = [0] * len(self._envs)
         self._starts = [0.0] * len(self._envs)
+        # Environments to reset before the next step: those whose episode ended (all at
+        # first). The others are not looked at, so a step costs nothing per running one.
+        self._to_reset = list(range(len(self._envs)))
+        # The K current observations, stacked: rows are overwritten in place as the
+        # environments step (the actor reads them in `select_actions` and keeps no copy).
+        self._observations: np.ndarray | None = None
         self.total_steps = 0
         self.total_episodes = 0
+        self.resets = 0  # Calls of `reset()` on any environment, for tests and reports.
 
     def step(self) -> list[dict]:
         """One step of every environment; returns the reports of episodes that ended."""
-        for i, timestep in enumerate(self._timesteps):
-            if timestep is None or timestep.last():
-                timestep = self._timesteps[i] = self._envs[i].reset()
+        timesteps = self._timesteps
+        if self._to_reset:
+            for i in self._to_reset:
+                timestep = timesteps[i] = self._envs[i].reset()
                 self._actor.observe_first(i, timestep)
                 self._returns[i], self._lengths[i] = 0.0, 0
                 self._starts[i] = time.perf_counter()
-        actions = self._actor.select_actions(
-            np.stack([timestep.observation for timestep in self._timesteps])
-        )
+                if self._observations is None:
+                    first = np.asarray(timestep.observation)
+                    self._observations = np.empty((len(self._envs),) + first.shape, first.dtype)
+                self._observations[i] = timestep.observation
+            self.resets += len(self._to_reset)
+            self._to_reset = []
+        observations = self._observations
+        actions = self._actor.select_actions(observations)
+        observe, returns, lengths = self._actor.observe, self._returns, self._lengths
         reports = []
-        for i, env in enumerate(self._envs):
-            timestep = self._timesteps[i] = env.step(actions[i])
-            self._actor.observe(i, actions[i], timestep)
-            self._lengths[i] += 1
-            self._returns[i] += _sum_reward(timestep.reward)
+        for i, (env, action) in enumerate(zip(self._envs, actions)):
+            timestep = timesteps[i] = env.step(action)
+            observe(i, action, timestep)
+            observations[i] = timestep.observation
+            lengths[i] += 1
+            reward = timestep.reward
+            returns[i] += float(reward) if isinstance(reward, _SCALARS) else _sum_reward(reward)
             if timestep.last():
                 reports.append(self._finish(i))
+                self._to_reset.append(i)
         if self._should_update:
             self._actor.update()
         return reports

@@ -6,7 +6,9 @@ actor process at K=1 and K=16 environments with each layout, steps/s. Replay ser
 in their own processes (prefilled for the learners; `samples_per_insert` 0, so neither
 side waits for the other). Every configuration runs in each of --rounds rounds, in an
 order rotated per round; figures are medians over rounds and ratios are taken within the
-run. The 1-minute load average is kept per round; above 2 (the cores) the run is noisy.
+run. Both wall-clock rates and rates per second of process CPU time (every thread of the
+measuring process, Reverb's included) are kept. The 1-minute load average is kept per
+round; above 2 (the cores) the run is noisy and only the CPU-time ratios mean something.
 
 Usage: python benchmarks/agents_replay_layout.py [--groups 16 --rounds 5]
 """
@@ -228,15 +230,29 @@ def main() -> None:
     if "actor" in parts:
         result["actor"] = actor_rounds(configs, args, loads)
         for name, ratio in result["actor"]["actor_over_raw_wall"].items():
-            print(f"actor {name}: {ratio:.2f} x raw env.step (K=16 target >= 0.8)")
+            cpu = result["actor"]["actor_over_raw_process_cpu"][name]
+            print(
+                f"actor {name}: {ratio:.2f} x raw env.step (wall), {cpu:.2f} (process CPU "
+                "time; K=16 target >= 0.8)"
+            )
     noisy = max(loads) > 2
     if noisy:
-        print(f"NOISY: load reached {max(loads):.2f} on {os.cpu_count()} cores")
+        # With more runnable threads than cores, a wall-clock rate measures how much CPU
+        # the scheduler gave each block, not the code: only the CPU-time ratios mean
+        # something (the README's table then checks the target on those).
+        print(
+            f"NOISY: load reached {max(loads):.2f} on {os.cpu_count()} cores: read the "
+            "process-CPU ratios, not the wall ones"
+        )
     write_result(
         "agents_replay_layout",
         {
             **result,
-            "targets": {"learner_reverb_over_fixed": 0.9, "actor_k16_over_raw_wall": 0.8},
+            "targets": {
+                "learner_reverb_over_fixed": 0.9,
+                "actor_k16_over_raw_wall": 0.8,
+                "actor_k16_over_raw_process_cpu": 0.8,  # Checked instead when noisy.
+            },
             "load_average_1min_per_round": loads,
             "noisy": noisy,
             "command": "python benchmarks/agents_replay_layout.py " + " ".join(sys.argv[1:]),

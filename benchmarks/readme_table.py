@@ -354,13 +354,32 @@ ROWS: tuple[Row, ...] = (
     Row(
         "agents_replay_layout.json",
         "`agents_replay_layout`: one actor with K=16 environments, steps/s / raw unwrapped "
-        "`env.step`, 16 transitions per item and 1, in the same run",
-        "{actor/actor_over_raw_wall/g16_k16|.2f} wall with 16 per item, "
-        "{actor/actor_over_raw_wall/g1_k16|.2f} with 1 (K=1: "
-        "{actor/actor_over_raw_wall/g16_k1|.2f} and {actor/actor_over_raw_wall/g1_k1|.2f}; "
-        "raw {actor/median_steps_per_second/raw|.0f} steps/s){noise}",
-        Target(">=", 0.8, "actor/actor_over_raw_wall/g16_k16", label="16 per item, K=16"),
-        derived={"noise": lambda d: "; noisy" if d["noisy"] else ""},
+        "`env.step`, 16 transitions per item and 1, in the same run; in process CPU time "
+        "and in wall time",
+        "{actor/actor_over_raw_process_cpu/g16_k16|.2f} CPU, "
+        "{actor/actor_over_raw_wall/g16_k16|.2f} wall with 16 per item; "
+        "{actor/actor_over_raw_process_cpu/g1_k16|.2f} CPU, "
+        "{actor/actor_over_raw_wall/g1_k16|.2f} wall with 1 (K=1, CPU: "
+        "{actor/actor_over_raw_process_cpu/g16_k1|.2f} and "
+        "{actor/actor_over_raw_process_cpu/g1_k1|.2f}; raw "
+        "{actor/median_steps_per_cpu_second/raw|.0f} steps per CPU second){noise}",
+        Target(
+            ">=",
+            0.8,
+            "actor_k16_checked",
+            label="16 per item, K=16 (wall; CPU time when noisy)",
+        ),
+        derived={
+            # Under load a wall-clock rate measures the CPU the scheduler gave each block
+            # (the raw loop's was starved below the actor's), so the target is checked on
+            # the process-CPU-time ratio then.
+            "actor_k16_checked": lambda d: d["actor"][
+                "actor_over_raw_process_cpu" if d["noisy"] else "actor_over_raw_wall"
+            ]["g16_k16"],
+            "noise": lambda d: (
+                "; noisy: wall ratios meaningless, target checked on CPU time" if d["noisy"] else ""
+            ),
+        },
     ),
     Row(
         "launch_replay_layout.json",

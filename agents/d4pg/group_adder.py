@@ -56,6 +56,11 @@ class TransitionGroupWriter:
         blocks, which is how the table's rate limiter slows an actor down. Checked every
         `flush_every` items (a check waits for the server, so not after each one).
 
+    The pool is one preallocated [pool_size, width] array whose rows are filled in place
+    (one `np.concatenate` per transition) and never moved: an item is one `np.take` of G
+    drawn rows, and the rows it took are refilled by the next transitions. An actor calls
+    `add` once per environment step, so it costs one numpy call, not one per field.
+
     Example:
       writer = TransitionGroupWriter(client, 16, GroupedRowLayout((5,), (1,), n_step=5))
       adders = [NStepGroupAdder(writer, 5) for _ in range(num_envs)]
@@ -83,11 +88,14 @@ class TransitionGroupWriter:
         self._max_in_flight = max_in_flight_items
         self._flush_every = flush_every
         self._rng = np.random.default_rng(seed)
-        self._slices = layout.slices
-        self._reward_start = layout.slices.rewards.start
-        self._discount_start = layout.slices.discounts.start
+        self._n = layout.n_step
+        self._width = layout.width
+        # Padding of the rewards (0) and discounts (-1) after m < n, sliced to n - m.
+        self._reward_pad = np.zeros(layout.n_step, np.float32)
+        self._discount_pad = np.full(layout.n_step, -1.0, np.float32)
         self._pool = np.zeros((pool_size, layout.width), np.float32)
-        self._size = 0
+        # Rows free to fill, taken from the end; all of them at first, row 0 first.
+        self._free = list(range(pool_size - 1, -1, -1))
         self._written = 0
         self._items = 0
         writer = client.trajectory_writer(num_keep_alive_refs=1)
@@ -102,7 +110,7 @@ class TransitionGroupWriter:
     @property
     def pending(self) -> int:
         """Transitions in the pool, not yet in any item."""
-        return self._size
+        return len(self._pool) - len(self._free)
 
     @property
     def transitions_written(self) -> int:
@@ -110,27 +118,46 @@ class TransitionGroupWriter:
         return self._written
 
     def add(self, observation, action, rewards, discounts, next_observation) -> None:
-        """Pools one transition (m = len(rewards) <= n); writes an item when the pool is full."""
-        row, parts, m = self._pool[self._size], self._slices, len(rewards)
-        row[parts.observation] = np.ravel(observation)
-        row[parts.action] = np.ravel(action)
-        row[parts.rewards] = 0.0
-        row[self._reward_start : self._reward_start + m] = rewards
-        row[parts.discounts] = -1.0
-        row[self._discount_start : self._discount_start + m] = discounts
-        row[parts.next_observation] = np.ravel(next_observation)
-        self._size += 1
-        if self._size == len(self._pool):
-            self._write_group()
+        """Pools one transition (m = len(rewards) <= n); writes an item when the pool is full.
 
-    def _write_group(self) -> None:
-        """Writes G transitions drawn from the pool; the others move to its front."""
-        chosen = self._rng.choice(self._size, self._group, replace=False)
-        keep = np.ones(self._size, bool)
-        keep[chosen] = False
-        group = self._pool[chosen]
-        self._pool[: self._size - self._group] = self._pool[: self._size][keep]
-        self._size -= self._group
+        The arguments are copied at once (the caller may reuse their buffers): one
+        `np.concatenate` into a free row of the pool, with the n - m padding.
+        """
+        pad = self._n - len(rewards)
+        if pad < 0 or len(discounts) != len(rewards):
+            raise ValueError(
+                f"a transition holds m <= n={self._n} rewards and as many discounts; got "
+                f"{len(rewards)} rewards and {len(discounts)} discounts"
+            )
+        np.concatenate(
+            (
+                observation,
+                action,
+                rewards,
+                self._reward_pad[:pad],
+                discounts,
+                self._discount_pad[:pad],
+                next_observation,
+            ),
+            axis=None,
+            out=self._pool[self._free.pop()],
+        )
+        if not self._free:
+            self._write_group(len(self._pool))
+
+    def _write_group(self, occupied: int) -> None:
+        """Writes G transitions drawn uniformly from the pool's `occupied` filled rows.
+
+        With a full pool every row is filled, so the draw is over row numbers directly.
+        """
+        if occupied == len(self._pool):
+            chosen = self._rng.choice(occupied, self._group, replace=False)
+        else:
+            filled = np.ones(len(self._pool), bool)
+            filled[self._free] = False
+            chosen = self._rng.choice(np.flatnonzero(filled), self._group, replace=False)
+        group = np.take(self._pool, chosen, axis=0)  # A new array: Reverb may keep it.
+        self._free.extend(chosen.tolist())
         (reference,) = self._cpp.Append([group])
         self._cpp.CreateItem(self._table, self._priority, [[reference]], [True])
         self._written += self._group
@@ -140,8 +167,8 @@ class TransitionGroupWriter:
 
     def write_pending(self) -> None:
         """Writes every whole group the pool holds (at most G - 1 transitions stay)."""
-        while self._size >= self._group:
-            self._write_group()
+        while self.pending >= self._group:
+            self._write_group(self.pending)
 
     def flush(self, timeout_ms: int | None = None) -> None:
         """Blocks until every item written so far has reached the server."""
@@ -174,13 +201,18 @@ class NStepGroupAdder(core.Adder):
         self._short_start = short_transitions_from_first_state
         self._observations: collections.deque = collections.deque()  # o_t .. newest
         self._actions: collections.deque = collections.deque()  # a_t .. newest
-        self._rewards: collections.deque = collections.deque()
-        self._discounts: collections.deque = collections.deque()
+        # The window's rewards and discounts, each written at i and i + n of a ring of 2n:
+        # those from any step of the window to the newest are one contiguous view, which
+        # the writer copies with the rest of the row in one call.
+        self._rewards = np.zeros(2 * n_step, np.float32)
+        self._discounts = np.zeros(2 * n_step, np.float32)
+        self._head = 0  # Ring position of the window's oldest step, o_t's.
 
     def reset(self) -> None:
         """Drops the unfinished episode: its steps create no further transitions."""
-        for window in (self._observations, self._actions, self._rewards, self._discounts):
-            window.clear()
+        self._observations.clear()
+        self._actions.clear()
+        self._head = 0
 
     def add_first(self, timestep: dm_env.TimeStep) -> None:
         if not timestep.first():
@@ -194,14 +226,16 @@ class NStepGroupAdder(core.Adder):
     def add(self, action: np.ndarray, next_timestep: dm_env.TimeStep) -> None:
         if not self._observations:
             raise ValueError("add() called before add_first() in this episode.")
+        position = (self._head + len(self._actions)) % self._n
+        self._rewards[position] = self._rewards[position + self._n] = next_timestep.reward
+        self._discounts[position] = self._discounts[position + self._n] = next_timestep.discount
         self._actions.append(action)
-        self._rewards.append(float(next_timestep.reward))
-        self._discounts.append(float(next_timestep.discount))
         self._observations.append(next_timestep.observation)
         if len(self._actions) == self._n:
             self._emit(0)  # o_t -> o_{t+n} is complete: t leaves the window.
-            for window in (self._observations, self._actions, self._rewards, self._discounts):
-                window.popleft()
+            self._observations.popleft()
+            self._actions.popleft()
+            self._head = (self._head + 1) % self._n
         elif self._short_start and not next_timestep.last():
             # The window has not been full yet: o_0 -> o_m, m = steps < n (at an end, the
             # loop below writes it).
@@ -213,12 +247,12 @@ class NStepGroupAdder(core.Adder):
 
     def _emit(self, start: int) -> None:
         """The transition from the window's `start`-th observation to its newest one."""
-        rewards = list(self._rewards)[start:]
-        discounts = list(self._discounts)[start:]
+        first = self._head + start
+        last = self._head + len(self._actions)  # Exclusive; first < last <= first + n.
         self._writer.add(
             self._observations[start],
             self._actions[start],
-            rewards,
-            discounts,
+            self._rewards[first:last],
+            self._discounts[first:last],
             self._observations[-1],
         )

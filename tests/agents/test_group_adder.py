@@ -316,3 +316,69 @@ def test_an_unset_layout_resolves_to_whole_items_per_replica(overrides, replicas
     config = D4PGConfig.from_overrides({"batch_size": 64, **overrides})
     assert config.resolved_transitions_per_item(replicas) == group
     assert config.with_pinned_layout(replicas).transitions_per_item == group
+
+
+def _reference_items(transitions, n, group, pool_size, seed):
+    """The items of the pool in plain Python: rows filled in the order they were freed
+    (last freed first, row 0 first at the start); when full, G row numbers are drawn
+    uniformly and the item is those rows in drawn order; at the end `write_pending` draws
+    from the filled rows. Each row is [o | a | r, 0.. | d, -1.. | o'] in float32."""
+    rng = np.random.default_rng(seed)
+    pool, free, items = [None] * pool_size, list(range(pool_size - 1, -1, -1)), []
+
+    def draw(candidates):
+        chosen = rng.choice(candidates, group, replace=False)
+        items.append(np.array([pool[c] for c in chosen], np.float32))
+        free.extend(int(c) for c in chosen)
+
+    for t in transitions:
+        pad = n - len(t["rewards"])
+        pool[free.pop()] = (
+            t["observation"]
+            + t["action"]
+            + t["rewards"]
+            + [0.0] * pad
+            + t["discounts"]
+            + [-1.0] * pad
+            + t["next_observation"]
+        )
+        if not free:
+            draw(pool_size)
+    while pool_size - len(free) >= group:
+        filled = np.ones(pool_size, bool)
+        filled[free] = False
+        draw(np.flatnonzero(filled))
+    return items, pool_size - len(free)
+
+
+@pytest.mark.parametrize("n, short", [(3, False), (3, True), (5, False), (1, False)])
+def test_items_are_the_drawn_rows_in_order_with_their_padding(n, short):
+    """Each item, byte for byte: which transitions, in which order, padded how."""
+    episodes = [(7, 1.0), (4, 0.0), (2, 1.0), (9, 0.0), (12, 1.0)]
+    config = _config(n_step=n, transitions_per_item=4, item_pool_size=8)
+    table = reverb.Table.queue(REPLAY_TABLE, 1000, signature=replay_signature(SPEC, config))
+    server = reverb.Server([table])
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        writer = _writer(client, config, seed=5)
+        _write_episodes(writer, n, episodes, short=short)
+        transitions = [  # In the order one adder emits them (see `NStepGroupAdder.add`).
+            item
+            for episode, (length, final) in enumerate(episodes)
+            for item in _expected_items(length, episode, final, n, short=short)
+        ]
+        want, left = _reference_items(transitions, n, 4, 8, seed=5)
+        assert writer.pending == left and len(want) >= 8
+        samples = client.sample(
+            REPLAY_TABLE,
+            num_samples=len(want),
+            emit_timesteps=False,
+            unpack_as_table_signature=True,
+        )
+        have = [np.asarray(sample.data) for sample in samples]  # A queue: in written order.
+        assert client.server_info()[REPLAY_TABLE].current_size == 0
+        for index, (h, w) in enumerate(zip(have, want, strict=True)):
+            assert h.dtype == np.float32 and h.shape == w.shape, index
+            np.testing.assert_array_equal(h, w, err_msg=f"item {index}")
+    finally:
+        server.stop()
