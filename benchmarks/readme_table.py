@@ -154,6 +154,41 @@ def _layout_suite_text(one_per_item: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _nearest_evaluation(curve: list, at_steps: int) -> float | None:
+    """The return of `curve`'s evaluation nearest `at_steps`, within one 10k-step period (the
+    rule of agents_learning_suite.evaluation_at, which this module does not import)."""
+    if not curve:
+        return None
+    steps, _, eval_return = min(curve, key=lambda point: abs(point[0] - at_steps))
+    return eval_return if abs(steps - at_steps) <= 10_000 else None
+
+
+def _acme_options_text(acme: Mapping[str, Any]) -> str:
+    """Per task: Acme's three options together against the default on the same seeds (the
+    default's suite runs of those seeds), at 100k and 200k actor steps."""
+    default = json.loads((RESULTS / SUITE_RESULT).read_text(encoding="utf-8"))["runs"]
+
+    def mean(values: list[float | None]) -> str:
+        known = [v for v in values if v is not None]
+        return f"{sum(known) / len(known):.0f}" if known and len(known) == len(values) else "-"
+
+    parts = []
+    for task, by_seed in sorted(acme["runs"].items()):
+        seeds = sorted(by_seed, key=int)
+        cells = []
+        for at in (100_000, 200_000):
+            ours = mean([_nearest_evaluation(by_seed[s]["curve"], at) for s in seeds])
+            base = mean(
+                [
+                    _nearest_evaluation(default.get(task, {}).get(s, {}).get("curve"), at)
+                    for s in seeds
+                ]
+            )
+            cells.append(f"{ours} vs {base} at {at // 1000}k")
+        parts.append(f"`{task}` (seeds {', '.join(seeds)}): {', '.join(cells)}")
+    return "; ".join(parts)
+
+
 def _chaos_row(result: str, description: str) -> Row:
     """A `launch_chaos` run: its checks, its faults and how long it took."""
     return Row(
@@ -408,6 +443,15 @@ ROWS: tuple[Row, ...] = (
         "at a time in both; the 1-per-item runs also shared the machine with other work)",
         "{tasks}",
         derived={"tasks": _layout_suite_text},
+    ),
+    Row(
+        "agents_learning_suite_acme.json",
+        "`agents_learning_suite` with Acme's three options together "
+        "(`--config.act_with_target_policy=true --config.network_init=acme "
+        "--config.short_transitions_from_first_state=true`): mean eval return vs the default on "
+        "the same seeds (the default's suite runs), 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": _acme_options_text},
     ),
     Row(
         "launch_time_to_score.json",
