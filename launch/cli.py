@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from launch.errors import EXIT_INTERRUPTED, EXIT_NODE_FAILED, LaunchError
+from launch.runtime.errors import EXIT_INTERRUPTED, EXIT_NODE_FAILED, LaunchError
 
 _PROG = "replicator"
 # A relaunch waits this long for nodes of a killed launch still saving in the run dir (a
@@ -47,8 +47,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
-    from launch import d4pg_program  # pylint: disable=import-outside-toplevel
-    from launch.launcher import BACKENDS  # pylint: disable=import-outside-toplevel
+    from launch.d4pg import program as d4pg_program  # pylint: disable=import-outside-toplevel
+    from launch.runtime.launcher import BACKENDS  # pylint: disable=import-outside-toplevel
 
     defaults = d4pg_program.D4PGProgramSettings()
     # Flags a run remembers (launch.run_settings) default to None = "not given"; their
@@ -302,7 +302,7 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, metavar="DIR", help="a new directory")
     export.set_defaults(func=_export)
 
-    from launch import references  # pylint: disable=import-outside-toplevel
+    from launch.reporting import references  # pylint: disable=import-outside-toplevel
 
     plot = commands.add_parser(
         "plot",
@@ -334,7 +334,7 @@ def _build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         metavar="METHOD[,METHOD...]|all",
         help="also draw these agents' published eval_return curves on the task, from state "
         "features, dashed on the actor-steps panel: "
-        f"{', '.join(references.METHOD_NAMES)} or all (source: launch/data/"
+        f"{', '.join(references.METHOD_NAMES)} or all (source: launch/reporting/data/"
         "dmc_proprio_baselines.json)",
     )
     plot.set_defaults(func=_plot)
@@ -427,8 +427,9 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
         SAVED_CONFIG_FALLBACKS,
         D4PGConfig,
     )
-    from launch import d4pg_program, run_settings  # pylint: disable=import-outside-toplevel
-    from launch.run_dir import RunDir  # pylint: disable=import-outside-toplevel
+    from launch import run_settings  # pylint: disable=import-outside-toplevel
+    from launch.d4pg import program as d4pg_program  # pylint: disable=import-outside-toplevel
+    from launch.runtime.run_dir import RunDir  # pylint: disable=import-outside-toplevel
 
     args = argparse.Namespace(**vars(raw_args))
     run_dir = RunDir(args.run_dir) if args.run_dir else None
@@ -471,8 +472,8 @@ def _resolve_d4pg(raw_args, overrides: dict[str, str]):
     if args.learner_workers < 1:
         raise LaunchError("--learner-workers must be at least 1.")
     if args.backend == "ray":
-        from launch.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
-        from launch.ray_backend import import_ray  # pylint: disable=import-outside-toplevel
+        from launch.runtime.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
+        from launch.runtime.ray_backend import import_ray  # pylint: disable=import-outside-toplevel
 
         # $RAY_ADDRESS means the same as --ray-address (Ray itself would read it), and
         # beats the address a resumed run stored: the cluster may have moved since.
@@ -561,8 +562,9 @@ def _pin_replay_layout(config, replicas: int):
 def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]], int]:
     """Validates the learner layout; returns GPUs per learner worker, Ray resources and
     the learner's replica count (all workers)."""
-    from launch import d4pg_program, learner_group  # pylint: disable=import-outside-toplevel
-    from launch import resources as res  # pylint: disable=import-outside-toplevel
+    from launch.d4pg import program as d4pg_program  # pylint: disable=import-outside-toplevel
+    from launch.runtime import learner_group  # pylint: disable=import-outside-toplevel
+    from launch.runtime import resources as res  # pylint: disable=import-outside-toplevel
 
     spec, workers = args.learner_replicas.strip().lower(), args.learner_workers
     try:
@@ -597,8 +599,8 @@ def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]], in
             f"--config.batch_size={max(total, config.batch_size // total * total)}."
         )
     ray_resources = res.parse_ray_resources(args.ray_resources or [])
-    from launch.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
-    from launch.ray_cluster import pin_to_ip, pins_servers  # pylint: disable=import-outside-toplevel
+    from launch.runtime.launcher import advertise_host_for  # pylint: disable=import-outside-toplevel
+    from launch.runtime.ray_cluster import pin_to_ip, pins_servers  # pylint: disable=import-outside-toplevel
 
     host = advertise_host_for(args.bind_host)
     if args.backend == "ray" and pins_servers(host):
@@ -610,9 +612,14 @@ def _check_learner(args, config) -> tuple[float, dict[str, dict[str, float]], in
 def _launch_d4pg(raw_args) -> int:
     import shutil  # pylint: disable=import-outside-toplevel
 
-    from launch import d4pg_program, launcher, quiet, run_settings  # pylint: disable=import-outside-toplevel
-    from launch.metrics import Progress  # pylint: disable=import-outside-toplevel
-    from launch.run_dir import LOCK_FILES  # pylint: disable=import-outside-toplevel
+    from launch import (
+        quiet,  # pylint: disable=import-outside-toplevel
+        run_settings,  # pylint: disable=import-outside-toplevel
+    )
+    from launch.d4pg import program as d4pg_program  # pylint: disable=import-outside-toplevel
+    from launch.runtime import launcher  # pylint: disable=import-outside-toplevel
+    from launch.runtime.metrics import Progress  # pylint: disable=import-outside-toplevel
+    from launch.runtime.run_dir import LOCK_FILES  # pylint: disable=import-outside-toplevel
 
     settings, config, identity, run_dir, resuming, args, given = _resolve_d4pg(
         raw_args, raw_args.config_overrides
@@ -721,7 +728,7 @@ def _report(outcome, run_dir) -> int:
 def _evaluate(args) -> int:
     import json  # pylint: disable=import-outside-toplevel
 
-    from launch import evaluate  # pylint: disable=import-outside-toplevel
+    from launch.reporting import evaluate  # pylint: disable=import-outside-toplevel
 
     if args.episodes < 1:
         raise LaunchError("--episodes must be at least 1.")
@@ -775,7 +782,7 @@ def _evaluate(args) -> int:
 
 
 def _export(args) -> int:
-    from launch import snapshots  # pylint: disable=import-outside-toplevel
+    from launch.d4pg import snapshots  # pylint: disable=import-outside-toplevel
 
     out, step = snapshots.export(args.run_dir, args.out, args.step)
     print(
@@ -786,7 +793,7 @@ def _export(args) -> int:
 
 
 def _plot(args) -> int:
-    from launch import plot  # pylint: disable=import-outside-toplevel
+    from launch.reporting import plot  # pylint: disable=import-outside-toplevel
 
     runs = list(args.runs) + ([args.run_dir] if args.run_dir else [])
     print(

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from launch import cli
-from launch.run_dir import LOCK_FILES
+from launch.runtime.run_dir import LOCK_FILES
 from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(600)

@@ -157,7 +157,7 @@ def _evaluate_via_learner(run_dir, episodes, seed):
 
 
 def test_snapshot_evaluation_equals_the_learner_path(run):
-    from launch import evaluate
+    from launch.reporting import evaluate
 
     run_dir, _, _ = run
     expected, step = _evaluate_via_learner(run_dir, episodes=2, seed=7)
@@ -297,7 +297,7 @@ def test_evaluation_schedule_flags(tmp_path, capsys):
 
 
 def test_evaluations_stay_on_the_grid_of_their_period():
-    from launch.d4pg_nodes import evaluation_due
+    from launch.d4pg.nodes import evaluation_due
 
     # The evaluator looks every 600 actor steps, and an evaluation takes 1.2k steps of
     # looking away. Each of the 20 is due at the first look past its multiple of 10k:

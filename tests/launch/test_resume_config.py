@@ -7,8 +7,9 @@ import os
 import pytest
 
 from agents.d4pg.config import SAVED_CONFIG_FALLBACKS, D4PGConfig
-from launch import cli, d4pg_program
-from launch.run_dir import RunDirError
+from launch import cli
+from launch.d4pg import program as d4pg_program
+from launch.runtime.run_dir import RunDirError
 from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(120)
