@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from launch import cli
+from launch.cli import app, d4pg_flags
 from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(600)
@@ -272,8 +273,8 @@ def test_train_console_is_quiet(tmp_path):
 
 def _settings(*flags, tmp_path):
     argv = ["launch", "d4pg", "--run-dir", str(tmp_path / "run"), *flags]
-    args = cli._build_parser(argv).parse_args(argv)
-    return cli._resolve_d4pg(args, {})[0]
+    args = app.build_parser(argv).parse_args(argv)
+    return d4pg_flags.resolve(args, {})[0]
 
 
 def test_evaluation_schedule_flags(tmp_path, capsys):

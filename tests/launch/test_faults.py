@@ -322,7 +322,7 @@ def test_each_record_counts_once_and_missing_rows_are_written_on_relaunch(tmp_pa
 def test_stored_settings_are_reused_and_given_flags_override_and_are_recorded(tmp_path):
     import argparse
 
-    from launch import run_settings
+    from launch.cli import run_settings
 
     rd = RunDir(str(tmp_path / "run"))
     os.makedirs(rd.root)
