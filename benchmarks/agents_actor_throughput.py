@@ -117,7 +117,7 @@ def main() -> None:
     import environments
     from agents.d4pg import networks, variables
     from agents.d4pg.config import D4PGConfig
-    from launch.d4pg_program import PRESETS
+    from launch.d4pg.program import PRESETS
 
     config = D4PGConfig.from_overrides(
         {"samples_per_insert": 0, "min_replay_size": 1},

@@ -5,7 +5,7 @@ default preset, nothing tuned) for 200k actor steps, evaluated with 10 noise-fre
 every 10k actor steps, read back from its run directory's metrics.csv. Per task the
 results file sets our mean return at 50k, 100k, 200k (and 500k where run) beside the
 published state-feature curves of D4PG, DDPG, MPO, DMPO and DreamerV3 at the same steps
-(`launch/references.py`), with actor steps and wall time to the D4PG reference's return
+(`launch/reporting/references.py`), with actor steps and wall time to the D4PG reference's return
 (medians over all seeds, censored), the wall time per run and collapses.
 
     python benchmarks/agents_learning_suite.py                       # everything (hours)
@@ -38,8 +38,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from launch import d4pg_program, references  # noqa: E402
-from launch.metrics import read_csv  # noqa: E402
+from launch.d4pg import program as d4pg_program  # noqa: E402
+from launch.reporting import references  # noqa: E402
+from launch.runtime.metrics import read_csv  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "agents_learning_suite.json")
 

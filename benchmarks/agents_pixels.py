@@ -53,7 +53,7 @@ BUDGETS = {"cartpole:swingup": 60_000, "ball_in_cup:catch": 60_000}  # Agent ste
 
 def _config(task: str):
     from agents.d4pg.config import D4PGConfig
-    from launch import d4pg_program
+    from launch.d4pg import program as d4pg_program
 
     base = D4PGConfig.from_overrides(d4pg_program.PRESETS["quick"])
     return D4PGConfig.from_overrides(PIXEL_OVERRIDES, base=base)

@@ -51,8 +51,9 @@ CANDIDATES: dict[str, dict[str, object]] = {
 def run_one(candidate: str, seed: int, target: float, budget: int, eval_every: int) -> dict:
     """One launch of `candidate` with `seed`, in this process; returns its curve."""
     from agents.d4pg.config import D4PGConfig
-    from launch import d4pg_program, launcher
-    from launch.metrics import read_csv
+    from launch.d4pg import program as d4pg_program
+    from launch.runtime import launcher
+    from launch.runtime.metrics import read_csv
 
     overrides = {**d4pg_program.PRESETS["quick"], **CANDIDATES[candidate], "seed": seed}
     config = D4PGConfig.from_overrides(overrides).to_dict()

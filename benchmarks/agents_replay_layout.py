@@ -196,7 +196,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from agents.d4pg.config import D4PGConfig
-    from launch.d4pg_program import PRESETS
+    from launch.d4pg.program import PRESETS
 
     quick = D4PGConfig.from_overrides(PRESETS["quick"])
     groups = [1] + [int(g) for g in args.groups.split(",")]

@@ -25,8 +25,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from launch import d4pg_program, launcher  # noqa: E402
-from launch.program import Node, Program, Ref  # noqa: E402
+from launch.d4pg import program as d4pg_program  # noqa: E402
+from launch.runtime import launcher  # noqa: E402
+from launch.runtime.program import Node, Program, Ref  # noqa: E402
 
 
 def weights_publisher(ctx, *, task: str, config: dict, replay_address: str) -> None:

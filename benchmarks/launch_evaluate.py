@@ -3,7 +3,7 @@
 A snapshot of a D4PG policy (paper-size networks 256x3, random weights: speed does not
 depend on them) is written once; then, alternating in each round:
   - raw:      env.step with a fixed action, no policy (the simulator alone);
-  - evaluate: `launch.evaluate.run_episodes` on the snapshot (numpy acting, the real path);
+  - evaluate: `launch.reporting.evaluate.run_episodes` on the snapshot (numpy acting, the real path);
   - tf_call:  the SavedModel's `act` called once per step (what numpy acting avoids).
 The figure is the median over rounds of evaluate / raw steps per second (evaluate's time
 includes building the environment of its seed); 1.0 would mean the policy costs nothing.
@@ -75,7 +75,7 @@ def main() -> None:
     import environments
     from agents.d4pg import builder, networks, snapshot
     from agents.d4pg.config import D4PGConfig
-    from launch import evaluate
+    from launch.reporting import evaluate
 
     config = D4PGConfig()  # Paper-size networks.
     env = builder.make_environment(config, args.task, seed=0)

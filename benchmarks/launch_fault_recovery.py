@@ -35,7 +35,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from launch import d4pg_program, launcher  # noqa: E402
+from launch.d4pg import program as d4pg_program  # noqa: E402
+from launch.runtime import launcher  # noqa: E402
 
 # The launch tests' tiny D4PG (one definition for tests and this benchmark).
 from tests.launch.d4pg_support import TASK, TINY  # noqa: E402

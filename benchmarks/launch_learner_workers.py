@@ -4,7 +4,7 @@ Both layouts have two replicas and the same global batch; the only difference is
 that `--learner-workers 2 --learner-replicas cpu` all-reduces over gRPC between two
 processes (MultiWorkerMirroredStrategy on loopback), while `--learner-replicas cpu:2`
 all-reduces between two logical CPU devices of one process. The learner is built as
-the launcher's learner node builds it (`launch.learner_group.make_replicator`) and fed
+the launcher's learner node builds it (`launch.runtime.learner_group.make_replicator`) and fed
 fixed in-memory batches, so replay sampling does not enter the figure.
 
 Rounds alternate the order of the two layouts; the load average is recorded per
@@ -31,7 +31,7 @@ TASK = "cartpole:swingup"
 
 def child(spec: str, index: int, steps: int, batch: int, addresses: list[str]) -> None:
     """One learner process: warm up, then time `steps` updates; prints JSON."""
-    from launch import learner_group
+    from launch.runtime import learner_group
 
     repl = learner_group.make_replicator(spec, addresses or None, index)
     import numpy as np
@@ -41,7 +41,7 @@ def child(spec: str, index: int, steps: int, batch: int, addresses: list[str]) -
     from agents.d4pg import builder
     from agents.d4pg.config import D4PGConfig
     from agents.d4pg.learning import D4PGLearner, Transition
-    from launch.d4pg_program import PRESETS
+    from launch.d4pg.program import PRESETS
 
     config = D4PGConfig.from_overrides({**PRESETS["quick"], "batch_size": batch})
     spec_env = environments.make_environment_spec(builder.make_environment(config, TASK, 0))
@@ -80,7 +80,7 @@ def _run(layout: str, steps: int, batch: int) -> dict:
     if layout == "1 worker x cpu:2":
         commands = [["cpu:2", "0", "--"]]
     else:
-        from launch.learner_group import reserve_ports
+        from launch.runtime.learner_group import reserve_ports
 
         addresses = reserve_ports("localhost", 2)
         commands = [["cpu", str(i), "--", *addresses] for i in range(2)]

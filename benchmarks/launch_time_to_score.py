@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from agents_learning_suite import first_reaching, run_one  # noqa: E402
 
-from launch import d4pg_program  # noqa: E402
+from launch.d4pg import program as d4pg_program  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 

@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from launch import references  # noqa: E402
+from launch.reporting import references  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"

@@ -18,7 +18,7 @@ from agents.d4pg import builder, networks, replay, snapshot
 from agents.d4pg.config import D4PGConfig
 from agents.d4pg.learning import D4PGLearner
 from environments import EnvironmentSpec
-from launch import snapshots
+from launch.d4pg import snapshots
 from tests.agents.fixed_data import fixed_batches, observations
 
 pytestmark = pytest.mark.timeout(300)

@@ -5,7 +5,8 @@ import os
 import threading
 import time
 
-from launch import d4pg_program, launcher
+from launch.d4pg import program as d4pg_program
+from launch.runtime import launcher
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TASK = "cartpole:balance"

@@ -3,7 +3,7 @@
 Usage: python learner_worker_program.py TASK_INDEX OUT.npz CHECKPOINT_DIR HOST:PORT HOST:PORT
 
 Builds the learner the way the launcher's learner node does
-(`launch.learner_group.make_replicator("cpu", addresses, index)`), feeds worker i
+(`launch.runtime.learner_group.make_replicator("cpu", addresses, index)`), feeds worker i
 rows [i*b, (i+1)*b) of fixed global batches, and writes the weights after each
 update. The chief alone saves a checkpoint between the two updates (a local
 operation: a collective inside it would hang the other worker).
@@ -14,7 +14,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from launch import learner_group
+from launch.runtime import learner_group
 
 
 def main() -> None:

@@ -9,8 +9,8 @@ import socket
 import sys
 import time
 
-from launch import launcher
-from launch.program import NEVER_RESTART, Node, Program, Ref, RestartPolicy
+from launch.runtime import launcher
+from launch.runtime.program import NEVER_RESTART, Node, Program, Ref, RestartPolicy
 
 
 def server(ctx):

@@ -1,10 +1,10 @@
-"""`launch.run_dir.write_atomic`: the launcher's one way to replace a small file."""
+"""`launch.runtime.run_dir.write_atomic`: the launcher's one way to replace a small file."""
 
 import os
 
 import pytest
 
-from launch import run_dir
+from launch.runtime import run_dir
 
 
 def test_a_write_that_fails_midway_leaves_the_old_file_whole_and_no_temporary(

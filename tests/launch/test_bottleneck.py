@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import reverb
 
-from launch import bottleneck
+from launch.reporting import bottleneck
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from launch import cli
-from launch.run_dir import LOCK_FILES
+from launch.cli import d4pg_flags
+from launch.runtime.run_dir import LOCK_FILES
 from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(600)
@@ -194,7 +195,7 @@ def test_a_port_left_in_time_wait_counts_as_free():
         conn, _ = server.accept()
         conn.close()  # The side closing first keeps the connection in TIME_WAIT.
         client.close()
-    cli._check_port_free(port)  # Nothing listens: no error.
+    d4pg_flags.check_port_free(port)  # Nothing listens: no error.
 
 
 def test_ray_unreachable(tmp_path, capsys):

@@ -76,7 +76,7 @@ def test_ray_backend_runs_d4pg_and_restarts_a_killed_actor(tmp_path, ray_instanc
 def test_ray_backend_writes_every_record_of_a_stopping_node_once(tmp_path, ray_instance):
     # Issue 18, item 8: the drain in flight when a node ended was dropped, and with it
     # the node's last records (53 sent, 43 written in a reproduction).
-    from launch.program import Node, Program
+    from launch.runtime.program import Node, Program
 
     del ray_instance
     run_dir = str(tmp_path / "run")

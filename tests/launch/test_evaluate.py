@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from launch import cli
+from launch.cli import app, d4pg_flags
 from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(600)
@@ -157,7 +158,7 @@ def _evaluate_via_learner(run_dir, episodes, seed):
 
 
 def test_snapshot_evaluation_equals_the_learner_path(run):
-    from launch import evaluate
+    from launch.reporting import evaluate
 
     run_dir, _, _ = run
     expected, step = _evaluate_via_learner(run_dir, episodes=2, seed=7)
@@ -272,8 +273,8 @@ def test_train_console_is_quiet(tmp_path):
 
 def _settings(*flags, tmp_path):
     argv = ["launch", "d4pg", "--run-dir", str(tmp_path / "run"), *flags]
-    args = cli._build_parser(argv).parse_args(argv)
-    return cli._resolve_d4pg(args, {})[0]
+    args = app.build_parser(argv).parse_args(argv)
+    return d4pg_flags.resolve(args, {})[0]
 
 
 def test_evaluation_schedule_flags(tmp_path, capsys):
@@ -297,7 +298,7 @@ def test_evaluation_schedule_flags(tmp_path, capsys):
 
 
 def test_evaluations_stay_on_the_grid_of_their_period():
-    from launch.d4pg_nodes import evaluation_due
+    from launch.d4pg.nodes import evaluation_due
 
     # The evaluator looks every 600 actor steps, and an evaluation takes 1.2k steps of
     # looking away. Each of the 20 is due at the first look past its multiple of 10k:

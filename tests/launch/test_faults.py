@@ -14,10 +14,10 @@ import time
 import psutil
 import pytest
 
-from launch.context import FileSink, NodeContext
-from launch.metrics import Progress
-from launch.program import Node, Program, Ref, RestartPolicy
-from launch.run_dir import RunDir
+from launch.runtime.context import FileSink, NodeContext
+from launch.runtime.metrics import Progress
+from launch.runtime.program import Node, Program, Ref, RestartPolicy
+from launch.runtime.run_dir import RunDir
 from tests.launch import nodes
 from tests.launch.test_supervision import (
     _alive,
@@ -322,7 +322,7 @@ def test_each_record_counts_once_and_missing_rows_are_written_on_relaunch(tmp_pa
 def test_stored_settings_are_reused_and_given_flags_override_and_are_recorded(tmp_path):
     import argparse
 
-    from launch import run_settings
+    from launch.cli import run_settings
 
     rd = RunDir(str(tmp_path / "run"))
     os.makedirs(rd.root)
@@ -368,7 +368,7 @@ def test_compatibility_is_checked_again_under_the_lock(tmp_path, monkeypatch, ca
 
 
 def test_an_import_error_is_deterministic_unless_the_machine_ran_out_of_something():
-    from launch.errors import is_deterministic
+    from launch.runtime.errors import is_deterministic
 
     assert is_deterministic(ModuleNotFoundError("No module named 'a_module'"))
     assert is_deterministic(ImportError("cannot import name 'x' from 'y'"))

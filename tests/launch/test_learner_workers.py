@@ -19,7 +19,7 @@ PROGRAM = os.path.join(os.path.dirname(__file__), "learner_worker_program.py")
 def _single_process_reference():
     code = (
         "import sys, numpy as np\n"
-        "from launch import learner_group\n"
+        "from launch.runtime import learner_group\n"
         "repl = learner_group.make_replicator('cpu')\n"
         "from tests.launch.learner_equivalence import build_learner, weights, STEPS\n"
         "learner = build_learner(repl)\n"
@@ -33,7 +33,7 @@ def _single_process_reference():
 
 
 def test_two_learner_workers_update_like_one_learner_on_the_global_batch(tmp_path):
-    from launch.learner_group import reserve_ports
+    from launch.runtime.learner_group import reserve_ports
 
     workers = reserve_ports("localhost", 2)
     outputs = [str(tmp_path / f"worker{i}.npz") for i in range(2)]
@@ -87,7 +87,7 @@ def test_two_learner_workers_update_like_one_learner_on_the_global_batch(tmp_pat
     restored = str(tmp_path / "restored.npz")
     code = (
         "import sys, numpy as np\n"
-        "from launch import learner_group\n"
+        "from launch.runtime import learner_group\n"
         "repl = learner_group.make_replicator('cpu')\n"
         "from tests.launch.learner_equivalence import build_learner, weights\n"
         "learner = build_learner(repl, sys.argv[1])\n"

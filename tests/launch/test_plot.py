@@ -7,8 +7,9 @@ import os
 import numpy as np
 import pytest
 
-from launch import cli, plot, references
-from launch.metrics import CSV_COLUMNS
+from launch import cli
+from launch.reporting import plot, references
+from launch.runtime.metrics import CSV_COLUMNS
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -4,7 +4,7 @@ import os
 import stat
 import tempfile
 
-from launch import quiet
+from launch.cli import quiet
 
 
 def _mode(path):

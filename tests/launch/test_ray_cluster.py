@@ -175,8 +175,8 @@ def test_cluster_refusals(cluster, tmp_path):
 
 DRIVER = r"""
 import sys
-from launch import launcher
-from launch.program import Node, Program, Resources
+from launch.runtime import launcher
+from launch.runtime.program import Node, Program, Resources
 from tests.launch import d4pg_support as s
 
 address, run_dir = sys.argv[1], sys.argv[2]
@@ -219,8 +219,8 @@ def test_ray_gives_a_gpu_request_its_gpu_and_none_to_others(cluster, tmp_path):
 
 
 def test_a_node_without_the_dependencies_is_refused(cluster):
-    from launch.errors import LaunchError
-    from launch.ray_cluster import check_dependencies, code_runtime_env
+    from launch.runtime.errors import LaunchError
+    from launch.runtime.ray_cluster import check_dependencies, code_runtime_env
 
     c, _, _ = cluster
     ray.init(address=c.address, runtime_env=code_runtime_env(), log_to_driver=False)

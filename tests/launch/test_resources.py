@@ -2,9 +2,9 @@
 
 import pytest
 
-from launch import resources
-from launch.errors import LaunchError
-from launch.program import Node, Program, Resources
+from launch.runtime import resources
+from launch.runtime.errors import LaunchError
+from launch.runtime.program import Node, Program, Resources
 from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(180)
@@ -77,8 +77,8 @@ def test_local_backend_splits_gpus_and_hides_them_from_other_nodes(tmp_path, mon
 
 
 def test_a_node_asking_for_more_gpus_than_are_free_cannot_start(tmp_path, monkeypatch):
-    from launch.local import LocalBackend
-    from launch.run_dir import RunDir
+    from launch.runtime.local import LocalBackend
+    from launch.runtime.run_dir import RunDir
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     backend = LocalBackend(RunDir(str(tmp_path / "run")))

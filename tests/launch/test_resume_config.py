@@ -7,8 +7,10 @@ import os
 import pytest
 
 from agents.d4pg.config import SAVED_CONFIG_FALLBACKS, D4PGConfig
-from launch import cli, d4pg_program
-from launch.run_dir import RunDirError
+from launch.cli import app, d4pg_flags
+from launch.d4pg import program as d4pg_program
+from launch.runtime.errors import LaunchError
+from launch.runtime.run_dir import RunDirError
 from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,8 +36,8 @@ def _old_run(tmp_path, **config_changes) -> str:
 
 def _resolve(run_dir, *flags, **overrides):
     argv = ["launch", "d4pg", "--run-dir", run_dir, *flags]
-    args = cli._build_parser(argv).parse_args(argv)
-    return cli._resolve_d4pg(args, {k: str(v) for k, v in overrides.items()})
+    args = app.build_parser(argv).parse_args(argv)
+    return d4pg_flags.resolve(args, {k: str(v) for k, v in overrides.items()})
 
 
 def test_the_acme_options_change_what_a_run_is():
@@ -91,7 +93,7 @@ def test_a_new_run_stores_the_layout_its_replicas_share_of_the_batch_allows(
 
 
 def test_a_layout_that_splits_items_across_replicas_is_refused(tmp_path):
-    with pytest.raises(cli.LaunchError, match="each of the 8 learner replicas 8 transitions"):
+    with pytest.raises(LaunchError, match="each of the 8 learner replicas 8 transitions"):
         _resolve(str(tmp_path / "run"), "--learner-replicas", "cpu:8", transitions_per_item=16)
 
 

@@ -14,9 +14,9 @@ import time
 import psutil
 import pytest
 
-from launch import launcher
-from launch.program import NEVER_RESTART, Node, Program, RestartPolicy
-from launch.run_dir import RunDir, RunDirError
+from launch.runtime import launcher
+from launch.runtime.program import NEVER_RESTART, Node, Program, RestartPolicy
+from launch.runtime.run_dir import RunDir, RunDirError
 from tests.launch import nodes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,9 +7,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from launch.context import FileSink, NodeContext
-from launch.metrics import Progress
-from launch.run_dir import RunDir
+from launch.runtime.context import FileSink, NodeContext
+from launch.runtime.metrics import Progress
+from launch.runtime.run_dir import RunDir
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from launch.run_dir import write_json_atomic  # One fsyncing write-then-rename.
+from launch.runtime.run_dir import write_json_atomic  # One fsyncing write-then-rename.
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.csv"

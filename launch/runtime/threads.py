@@ -12,11 +12,11 @@ import threading
 import traceback
 from typing import Any
 
-from launch.context import FileSink, NodeContext
-from launch.errors import is_deterministic
-from launch.program import Node, Program, check_arguments, load_entry_point
-from launch.run_dir import RunDir, tail_lines
-from launch.supervisor import Exit
+from launch.runtime.context import FileSink, NodeContext
+from launch.runtime.errors import is_deterministic
+from launch.runtime.program import Node, Program, check_arguments, load_entry_point
+from launch.runtime.run_dir import RunDir, tail_lines
+from launch.runtime.supervisor import Exit
 
 
 class ThreadHandle:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from launch.errors import LaunchError
-from launch.program import Program
+from launch.runtime.errors import LaunchError
+from launch.runtime.program import Program
 
 # The project's top-level packages a node may import.
 PACKAGES = ("agents", "environments", "launch", "replication", "vision")
@@ -41,7 +41,8 @@ def pins_servers(advertise_host: str | None) -> bool:
 
 def code_runtime_env() -> dict[str, Any]:
     """The job's runtime_env: the project's packages and the few variables nodes read."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The repository root: this file is launch/runtime/ray_cluster.py.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     modules = [os.path.join(root, p) for p in PACKAGES if os.path.isdir(os.path.join(root, p))]
     env = {k: os.environ[k] for k in _ENV_VARS if k in os.environ}
     return {"py_modules": modules, "env_vars": env}

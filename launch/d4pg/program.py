@@ -8,7 +8,7 @@
                weights every `publish_period` updates, checkpoints; restarted on failure
                (it resumes from its last checkpoint).
     learner_k  with `learner_workers` K > 1: workers 1..K-1 of one multi-worker learner
-               (node group "learner", `launch.learner_group`); "learner" is worker 0,
+               (node group "learner", `launch.runtime.learner_group`); "learner" is worker 0,
                the chief, the only one that publishes, checkpoints and writes summaries.
                A failed worker restarts the whole group from the chief's checkpoint.
     actor_i    noisy episodes -> n-step transitions; restarted on failure.
@@ -19,7 +19,7 @@ Shutdown order: learner and evaluator first (the learner saves while actors stil
 feed it, so it is not stuck behind the rate limiter), then the actors (stateless:
 killed after 3 s if blocked in an insert), then the replay server, which saves last.
 
-Everything is plain data (`launch.program`), so the same program runs on the
+Everything is plain data (`launch.runtime.program`), so the same program runs on the
 threads, local and Ray backends.
 """
 
@@ -28,10 +28,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from launch.d4pg_nodes import REPLAY_STOP_TIMEOUT_S
-from launch.program import Node, Program, Ref, Resources, RestartPolicy
+from launch.d4pg.nodes import REPLAY_STOP_TIMEOUT_S
+from launch.runtime.program import Node, Program, Ref, Resources, RestartPolicy
 
-_NODES = "launch.d4pg_nodes"
+_NODES = "launch.d4pg.nodes"
 
 # Config keys that may change when a run is resumed (they do not shape checkpoints).
 # Left out on purpose although they do not shape checkpoints either: the Acme options

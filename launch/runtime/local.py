@@ -1,6 +1,6 @@
 """The `local` backend: one OS process per node on this machine.
 
-Each node runs ``python -m launch.node_main SPEC`` in its own session (process
+Each node runs ``python -m launch.runtime.node_main SPEC`` in its own session (process
 group), started with fork+exec by `subprocess`, so no process ever forks after
 TensorFlow has started. Output goes to ``RUN_DIR/logs/NODE.log``; metrics to
 ``RUN_DIR/metrics/NODE.jsonl``. Children stop with the launcher (PR_SET_PDEATHSIG
@@ -20,13 +20,13 @@ import tempfile
 import time
 from typing import Any
 
-from launch.errors import EXIT_NODE_STARTUP_ERROR
-from launch.learner_group import reserve_ports
-from launch.node_main import returned_marker
-from launch.program import GROUP_ADDRESSES, Node
-from launch.resources import GpuAllocator, local_gpu_ids
-from launch.run_dir import RunDir, tail_lines
-from launch.supervisor import Exit
+from launch.runtime.errors import EXIT_NODE_STARTUP_ERROR
+from launch.runtime.learner_group import reserve_ports
+from launch.runtime.node_main import returned_marker
+from launch.runtime.program import GROUP_ADDRESSES, Node
+from launch.runtime.resources import GpuAllocator, local_gpu_ids
+from launch.runtime.run_dir import RunDir, tail_lines
+from launch.runtime.supervisor import Exit
 
 
 class LocalHandle:
@@ -120,7 +120,8 @@ class LocalBackend:
         self._handles: list[LocalHandle] = []
 
     def node_env(self, node: Node) -> dict[str, str]:
-        """The environment of `node`'s process: GPUs of its own, or none (`launch.resources`)."""
+        """The environment of `node`'s process: GPUs of its own, or none
+        (`launch.runtime.resources`)."""
         if node.resources.gpus > 0 and self._gpus is None:
             self._gpus = GpuAllocator(local_gpu_ids())
         gpus = self._gpus or GpuAllocator([])
@@ -168,7 +169,7 @@ class LocalBackend:
             )
             log.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "launch.node_main", spec_path],
+                [sys.executable, "-m", "launch.runtime.node_main", spec_path],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

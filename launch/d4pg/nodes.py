@@ -7,10 +7,10 @@ bodies so that the launcher itself stays light.
 
 The replay may restart under its clients: it rebinds the port it had, and the
 learner, actors and evaluator wait for it and rebuild their Reverb pieces
-(`launch.replay_link`), without a restart of their own.
+(`launch.d4pg.replay_link`), without a restart of their own.
 
-Metrics each node reports (see `launch.metrics`):
-  replay:    gauge replay_size; the bottleneck report (`launch.bottleneck`); TensorBoard
+Metrics each node reports (see `launch.runtime.metrics`):
+  replay:    gauge replay_size; the bottleneck report (`launch.reporting.bottleneck`); TensorBoard
   learner:   gauge learner_steps; "learner" records with losses; TensorBoard scalars
   actor_i:   count actor_steps, episodes; gauge weights_version_actor_i
   evaluator: "eval" records (mean/std return, learner step evaluated); TensorBoard
@@ -24,14 +24,14 @@ import threading
 import time
 from typing import Any
 
-from launch.errors import NodeStartupError
-from launch.replay_link import (
+from launch.d4pg.replay_link import (
     is_connection_error,
     reconnect_or_raise,
     replay_reachable,
     wait_for_replay,
 )
-from launch.run_dir import write_json_atomic
+from launch.runtime.errors import NodeStartupError
+from launch.runtime.run_dir import write_json_atomic
 
 REPLAY_ADDRESS = "replay_address"
 _CHECKPOINTS = "checkpoints"
@@ -104,7 +104,7 @@ def replay(
     import reverb  # pylint: disable=import-outside-toplevel
 
     from agents.d4pg import replay as replay_lib  # pylint: disable=import-outside-toplevel
-    from launch import bottleneck  # pylint: disable=import-outside-toplevel
+    from launch.reporting import bottleneck  # pylint: disable=import-outside-toplevel
 
     cfg = _config(config)
     _, spec = _environment(cfg, task, seed=cfg.seed)
@@ -136,7 +136,7 @@ def replay(
         ctx.log(f"{what} ({before}..{after} transitions, {seconds:.2f}s): {path}")
 
     last_checkpoint = time.monotonic()
-    # Which side waits on the rate limiter: the bottleneck report (launch.bottleneck).
+    # Which side waits on the rate limiter: the bottleneck report (launch.reporting.bottleneck).
     monitor = bottleneck.LimiterMonitor(
         lambda: client.server_info()[replay_lib.REPLAY_TABLE],
         transitions_per_item=cfg.resolved_transitions_per_item(),
@@ -180,12 +180,12 @@ def learner(
     snapshot RUN_DIR/snapshots/step_N, of which the `keep_snapshots` newest are kept.
 
     With `group_addresses` (one per learner worker, set by the backend), this is worker
-    `worker_index` of one multi-worker learner (`launch.learner_group`): every worker
+    `worker_index` of one multi-worker learner (`launch.runtime.learner_group`): every worker
     samples its own share of the global batch; worker 0, the chief, alone publishes
     weights, writes checkpoints and TensorBoard; the others only restore the chief's
     checkpoint and report their own metrics and log.
     """
-    from launch import learner_group  # pylint: disable=import-outside-toplevel
+    from launch.runtime import learner_group  # pylint: disable=import-outside-toplevel
 
     # First: logical CPUs and the multi-worker runtime must precede any TF op.
     repl = learner_group.make_replicator(replicas, group_addresses, worker_index)
@@ -193,7 +193,7 @@ def learner(
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
-    from launch import snapshots  # pylint: disable=import-outside-toplevel
+    from launch.d4pg import snapshots  # pylint: disable=import-outside-toplevel
 
     cfg = _config(config)
     _, spec = _environment(cfg, task, seed=cfg.seed)
@@ -381,7 +381,7 @@ def _replay_back(ctx, address: str, error: BaseException) -> bool:
     """After an error of a replay client (actor, evaluator): True once the replay answers
     again (rebuild the Reverb pieces and go on), False if the node is stopping (the replay
     went away during shutdown). Raises `error` if it is not a lost replay, and
-    `ReplayUnreachableError` if the replay stays away (`launch.replay_link`)."""
+    `ReplayUnreachableError` if the replay stays away (`launch.d4pg.replay_link`)."""
     if ctx.should_stop() or ctx.wait(1.0):
         return False
     return reconnect_or_raise(ctx, address, error, RECONNECT_TIMEOUT_S)
@@ -532,7 +532,7 @@ def evaluator(
     from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
     from agents.d4pg.replay import REPLAY_TABLE  # pylint: disable=import-outside-toplevel
     from agents.environment_loop import EnvironmentLoop  # pylint: disable=import-outside-toplevel
-    from launch import bottleneck  # pylint: disable=import-outside-toplevel
+    from launch.reporting import bottleneck  # pylint: disable=import-outside-toplevel
 
     cfg = _config(config)
     seed = cfg.seed * 100_003 + 7 + ctx.attempt

@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from launch import snapshots
-from launch.errors import LaunchError
+from launch.d4pg import snapshots
+from launch.runtime.errors import LaunchError
 
 VIDEO_SIZE = (240, 320)  # height, width
 CURVE_COLUMNS = ("learner_step", "mean", "std", "episodes", "seeds", "snapshot")

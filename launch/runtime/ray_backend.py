@@ -10,7 +10,7 @@ progress line and metrics.csv work the same as with the local backend.
 Servers advertise the IP of the Ray node they run on; node groups (a multi-worker
 learner) reserve one port per member on the member's own Ray node before it runs;
 cluster-wide checks (addresses, placement) and the shipped code are in
-`launch.ray_cluster`.
+`launch.runtime.ray_cluster`.
 
 Checkpoints and TensorBoard files are written by the nodes themselves at the run
 directory's path: on a multi-machine cluster that path must be shared storage
@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from launch.context import FileSink, NodeContext
-from launch.errors import LaunchError, is_deterministic
-from launch.learner_group import reserve_ports
-from launch.program import GROUP_ADDRESSES, Node, Program, check_arguments, load_entry_point
-from launch.ray_cluster import check_cluster, check_dependencies, code_runtime_env
-from launch.run_dir import RunDir, tail_lines
-from launch.supervisor import Exit
+from launch.runtime.context import FileSink, NodeContext
+from launch.runtime.errors import LaunchError, is_deterministic
+from launch.runtime.learner_group import reserve_ports
+from launch.runtime.program import GROUP_ADDRESSES, Node, Program, check_arguments, load_entry_point
+from launch.runtime.ray_cluster import check_cluster, check_dependencies, code_runtime_env
+from launch.runtime.run_dir import RunDir, tail_lines
+from launch.runtime.supervisor import Exit
 
 
 def import_ray(loopback: bool = False):

@@ -17,14 +17,14 @@ import json
 import time
 from typing import Any
 
-from launch.run_dir import RunDir, RunDirError, write_json_atomic
+from launch.runtime.run_dir import RunDir, RunDirError, write_json_atomic
 
 SETTINGS_FILE = "launch.json"
 
 
 def stored_flag_defaults() -> dict[str, Any]:
     """``{argparse dest: default for a new run}`` of the flags a run remembers."""
-    from launch import d4pg_program  # pylint: disable=import-outside-toplevel
+    from launch.d4pg import program as d4pg_program  # pylint: disable=import-outside-toplevel
 
     d = d4pg_program.D4PGProgramSettings()
     return {

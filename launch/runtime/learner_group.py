@@ -1,7 +1,7 @@
 """A learner that spans K processes: one `MultiWorkerMirroredStrategy` over a node group.
 
 The launcher starts the K learner nodes of a program as one *group* (see
-`launch.program.Node.group`): together, restarted together, and each told every
+`launch.runtime.program.Node.group`): together, restarted together, and each told every
 member's address (``group_addresses``: one ``host:port`` per member, reserved by the
 backend on the host that member runs on). Worker 0 is the chief.
 
@@ -16,7 +16,7 @@ What this module adds on top of `replication.make("multiworker", ...)`:
   same update: a worker leaving while a peer waits in an all-reduce leaves the peer
   hanging. Every `every` updates the workers all-reduce their stop flags.
 
-Nothing here knows D4PG: `launch.d4pg_nodes` uses it for the D4PG learner.
+Nothing here knows D4PG: `launch.d4pg.nodes` uses it for the D4PG learner.
 """
 
 from __future__ import annotations

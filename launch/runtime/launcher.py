@@ -2,7 +2,7 @@
 
 This is the programmatic form of ``replicator launch``:
 
->>> from launch import launcher, program as prog
+>>> from launch.runtime import launcher, program as prog
 >>> p = prog.Program("demo", [prog.Node("n", "mypkg.nodes:work")])
 >>> outcome = launcher.run(p, "runs/demo", backend="threads",
 ...                        stop_when=lambda progress: progress.totals["actor_steps"] > 1000)
@@ -15,11 +15,11 @@ import sys
 import time
 from collections.abc import Callable
 
-from launch.errors import LaunchError
-from launch.metrics import Progress
-from launch.program import Program
-from launch.run_dir import RunDir
-from launch.supervisor import Backend, Outcome, Supervisor
+from launch.runtime.errors import LaunchError
+from launch.runtime.metrics import Progress
+from launch.runtime.program import Program
+from launch.runtime.run_dir import RunDir
+from launch.runtime.supervisor import Backend, Outcome, Supervisor
 
 BACKENDS = ("local", "ray", "threads")
 
@@ -43,15 +43,15 @@ def make_backend(
     """Creates the backend called `name` ("local", "ray" or "threads")."""
     host = advertise_host_for(bind_host)
     if name == "local":
-        from launch.local import LocalBackend  # pylint: disable=import-outside-toplevel
+        from launch.runtime.local import LocalBackend  # pylint: disable=import-outside-toplevel
 
         return LocalBackend(run_dir, advertise_host=host or "localhost", env=env)
     if name == "threads":
-        from launch.threads import ThreadsBackend  # pylint: disable=import-outside-toplevel
+        from launch.runtime.threads import ThreadsBackend  # pylint: disable=import-outside-toplevel
 
         return ThreadsBackend(run_dir, program, advertise_host=host or "localhost")
     if name == "ray":
-        from launch.ray_backend import RayBackend  # pylint: disable=import-outside-toplevel
+        from launch.runtime.ray_backend import RayBackend  # pylint: disable=import-outside-toplevel
 
         return RayBackend(run_dir, program, address=ray_address, advertise_host=host)
     raise LaunchError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}.")

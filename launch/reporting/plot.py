@@ -8,7 +8,7 @@ of them have data, each run linearly interpolated (runs evaluated at the same st
 therefore not interpolated at all).
 
 `reference=[...]` adds the published mean curves of other agents on the same task
-(`launch.references`: state-feature baselines, 50k-500k environment steps) to the
+(`launch.reporting.references`: state-feature baselines, 50k-500k environment steps) to the
 actor-steps panel, dashed; with one method, also its min-max band over seeds, lightly
 (several bands would hide the runs' own confidence band). A run's actor steps are its
 environment steps, so the two share the x axis. The reference is drawn only up to the
@@ -33,10 +33,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from launch import references as refs
-from launch.errors import LaunchError
-from launch.metrics import read_csv
-from launch.run_dir import RunDir
+from launch.reporting import references as refs
+from launch.runtime.errors import LaunchError
+from launch.runtime.metrics import read_csv
+from launch.runtime.run_dir import RunDir
 
 PNG_DATA_KEY = "replicator-data"
 PNG_NOTES_KEY = "replicator-notes"  # The figure's footnotes (e.g. the references' source).
@@ -174,7 +174,7 @@ def plot(
 ) -> str:
     """Writes the curves of `runs` (grouped, mean and 95% band over seeds); returns the PNG path.
 
-    `reference` names `launch.references` methods whose published curves are drawn beside
+    `reference` names `launch.reporting.references` methods whose published curves are drawn beside
     the runs on the actor-steps panel (see the module docstring for when and how far).
 
     Raises:

@@ -31,7 +31,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from launch.errors import NodeStartupError
+from launch.runtime.errors import NodeStartupError
 
 _REF_KEY = "$ref"
 # The keyword argument a backend adds to every member of a node group.
@@ -108,7 +108,7 @@ class RestartPolicy:
         than the window (a node that fails a minute after each start) stops the run
         after this many restarts instead of looping for ever.
 
-    Failures a restart cannot cure (`launch.errors.is_deterministic`: import errors,
+    Failures a restart cannot cure (`launch.runtime.errors.is_deterministic`: import errors,
     bad arguments or config) stop the run at the first occurrence, whatever the policy.
     """
 

@@ -1,4 +1,5 @@
-"""Entry point of one node process of the local backend: ``python -m launch.node_main SPEC``.
+"""Entry point of one node process of the local backend:
+``python -m launch.runtime.node_main SPEC``.
 
 SPEC is a JSON file the launcher wrote (never a pickle). SIGTERM, SIGINT and SIGHUP
 ask the node body to return (``ctx.should_stop()``), so it can save its state.
@@ -9,7 +10,7 @@ covers other systems) then gives the body the node's stop timeout to return befo
 it ends the process itself, so no node outlives its launcher by more than that.
 
 Exit status: 0 the body returned, 1 it raised, 3 it raised an error a restart cannot
-cure (`launch.errors.is_deterministic`: import errors, bad arguments or config).
+cure (`launch.runtime.errors.is_deterministic`: import errors, bad arguments or config).
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import time
 import traceback
 from collections.abc import Callable
 
-from launch.context import FileSink, NodeContext
-from launch.errors import EXIT_NODE_STARTUP_ERROR, is_deterministic
-from launch.program import check_arguments, load_entry_point
-from launch.run_dir import hold_nodes_lock, write_json_atomic
+from launch.runtime.context import FileSink, NodeContext
+from launch.runtime.errors import EXIT_NODE_STARTUP_ERROR, is_deterministic
+from launch.runtime.program import check_arguments, load_entry_point
+from launch.runtime.run_dir import hold_nodes_lock, write_json_atomic
 
 _PR_SET_PDEATHSIG = 1
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

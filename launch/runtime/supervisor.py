@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from launch.context import STOP_TIME_KEY
-from launch.program import Node, Program, resolve_refs
+from launch.runtime.context import STOP_TIME_KEY
+from launch.runtime.program import Node, Program, resolve_refs
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _TAIL_LINES = 15
@@ -38,7 +38,7 @@ class Exit:
     """How a node ended: `ok` for a clean return, else a short description.
 
     `deterministic` marks a failure that a restart cannot cure (see
-    `launch.errors.is_deterministic`).
+    `launch.runtime.errors.is_deterministic`).
     """
 
     ok: bool
@@ -71,7 +71,7 @@ class Outcome:
         "interrupted" (signal or `request_stop`), or "failed" (a fatal node failure).
       message: A human-readable explanation; for "failed", what to do next.
       restarts: Restarts per node during this run.
-      progress: The launcher's aggregated metrics, when run through `launch.launcher`.
+      progress: The launcher's aggregated metrics, when run through `launch.runtime.launcher`.
       stop_failures: One line per stateful node that did not stop cleanly (failed while
         stopping, e.g. its final save raised, or was killed at its stop deadline),
         naming the node and its log. Empty when every state was saved.
@@ -80,7 +80,7 @@ class Outcome:
     reason: str
     message: str = ""
     restarts: dict[str, int] = dataclasses.field(default_factory=dict)
-    progress: Any = None  # The launcher's aggregated metrics (`launch.metrics.Progress`).
+    progress: Any = None  # The launcher's aggregated metrics (`launch.runtime.metrics.Progress`).
     stop_failures: list[str] = dataclasses.field(default_factory=list)
 
 

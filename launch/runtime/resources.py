@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 
-from launch.errors import LaunchError
+from launch.runtime.errors import LaunchError
 
 ROLES = ("replay", "learner", "actor", "evaluator")
 

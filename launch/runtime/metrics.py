@@ -11,7 +11,7 @@ and threads backends; through the launcher with Ray). Three record kinds matter 
 
 Once and only once: every record carries ``src`` (one id per node process) and
 ``seq`` (increasing), so a record seen twice is counted once; a torn line (a node
-killed mid-write) is skipped alone (`launch.context.FileSink` ends it on the next
+killed mid-write) is skipped alone (`launch.runtime.context.FileSink` ends it on the next
 write). Each metrics.csv row carries its record's id (``record_id``), so a relaunch
 writes exactly the evaluations whose row is missing (e.g. one that arrived just
 before the launcher died), ordered by time with the totals of that moment.
@@ -31,8 +31,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from launch.context import FileSink
-from launch.run_dir import RunDir
+from launch.runtime.context import FileSink
+from launch.runtime.run_dir import RunDir
 
 CSV_COLUMNS = (
     "wall_time_s",

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from launch.errors import LaunchError
+from launch.runtime.errors import LaunchError
 
 IDENTITY_FILE = "run.json"
 _LOCK_FILE = ".launch.lock"

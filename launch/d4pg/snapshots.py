@@ -13,8 +13,8 @@ import os
 import shutil
 from typing import Any
 
-from launch.errors import LaunchError
-from launch.run_dir import RunDir
+from launch.runtime.errors import LaunchError
+from launch.runtime.run_dir import RunDir
 
 SNAPSHOTS = "snapshots"
 LEARNER_CHECKPOINTS = ("checkpoints", "learner")
