@@ -177,7 +177,7 @@ def test_node_environments_are_read_from_the_launchers_node_main_children(tmp_pa
         sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
         def node(name, visible):
             env = {{**os.environ, "CUDA_VISIBLE_DEVICES": visible}}
-            return subprocess.Popen(sleeper + ["-m", "launch.node_main", f"/s/{{name}}-0.spec.json"], env=env)
+            return subprocess.Popen(sleeper + ["-m", "launch.runtime.node_main", f"/s/{{name}}-0.spec.json"], env=env)
         procs = [node("learner", "1"), node("actor_0", ""), subprocess.Popen(sleeper)]
         open({str(ready)!r}, "w").close()
         time.sleep(120)
