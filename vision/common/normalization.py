@@ -65,7 +65,11 @@ class BatchNorm(replication.CrossReplicaBatchNorm):
             scale_init=scale_init,
             name=name,
         )
-        self._fused = fused
+        # Not `self._fused`: Sonnet's CrossReplicaBatchNorm._initialize sets
+        # `self._fused = False` on the first call (it computes the moments itself,
+        # so the fused op would gain it nothing), which silently overwrote a flag of
+        # that name and left the fused kernel unused even with one replica.
+        self._use_fused_kernel = fused
 
     def __call__(
         self,
@@ -98,7 +102,7 @@ class BatchNorm(replication.CrossReplicaBatchNorm):
 
         context = tf.distribute.get_replica_context()
         single_replica = context is not None and context.num_replicas_in_sync == 1
-        fusable = self._fused and scale is self.scale and offset is self.offset
+        fusable = self._use_fused_kernel and scale is self.scale and offset is self.offset
         if fusable and single_replica and inputs.shape.rank == 4 and self.scale is not None:
             outputs, mean, variance = self._fused_training(inputs)
         else:

@@ -32,6 +32,7 @@ import tensorflow as tf
 import replication
 from vision.common import precision as precision_lib
 from vision.common.cli import ConfigError
+from vision.common.momentum import Momentum
 from vision.data import EVAL, ImageDataset
 from vision.metrics.classification import top_k_counts
 from vision.resnet import networks as resnet
@@ -241,7 +242,7 @@ class Classifier(snt.Module):
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
             self.learning_rate = tf.Variable(0.0, trainable=False, name="learning_rate")
             self.optimizer = repl.wrap_optimizer(
-                snt.optimizers.Momentum(self.learning_rate, config.momentum)
+                Momentum(self.learning_rate, config.momentum)  # snt's, fused on 1 replica
             )
             # Create every variable now, eagerly and in scope (batch norm with
             # moving statistics needs no collective outside a step).
@@ -276,9 +277,11 @@ class Classifier(snt.Module):
         # directly (one pass over the weights instead of a loss term and its
         # backward pass; identical for SGD).
         decay = self.config.weight_decay
-        gradients = [
-            g + decay * w if w.ref() in self._decayed else g for g, w in zip(gradients, parameters)
-        ]
+        with tf.name_scope("weight_decay"):  # named for profiles
+            gradients = [
+                g + decay * w if w.ref() in self._decayed else g
+                for g, w in zip(gradients, parameters)
+            ]
         self.optimizer.apply(gradients, parameters)  # mean-all-reduced across replicas here
         self.step.assign_add(1)
         correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
