@@ -169,7 +169,7 @@ def test_a_timeout_kills_the_childs_whole_process_tree(tmp_path):
 
 
 def test_node_environments_are_read_from_the_launchers_node_main_children(tmp_path, monkeypatch):
-    # A stand-in launcher starts two "nodes" (command lines as launch/local.py makes them,
+    # A stand-in launcher starts two "nodes" (command lines as launch/runtime/local.py makes them,
     # each with its own CUDA_VISIBLE_DEVICES) and one helper that is not a node.
     ready = tmp_path / "ready"
     code = f"""
