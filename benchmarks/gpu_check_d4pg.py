@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,21 +97,29 @@ def read_environ(pid: int) -> dict[str, str]:
     return env
 
 
+def _records(path: Path) -> Iterator[dict]:
+    """The JSON objects of a metrics file, one per line; torn or foreign lines skipped."""
+    with open(path, errors="replace") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
 def updates_per_second(metrics_file: Path) -> dict:
     """Learner updates/s over its records, from the first after its first update to the last.
 
     Starting at the first record with a positive `learner_steps` leaves out start-up and
     tracing; `t` is the record's wall time. Torn or foreign lines are skipped.
     """
-    points = []
-    with open(metrics_file, errors="replace") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("learner_steps", 0) > 0 and "t" in record:
-                points.append((float(record["t"]), float(record["learner_steps"])))
+    points = [
+        (float(record["t"]), float(record["learner_steps"]))
+        for record in _records(metrics_file)
+        if record.get("learner_steps", 0) > 0 and "t" in record
+    ]
     if len(points) < 2 or points[-1][0] <= points[0][0]:
         return {"updates_per_s": None, "updates": points[-1][1] if points else 0, "seconds": 0.0}
     points.sort()
@@ -126,11 +135,7 @@ def actor_steps(run_dir: Path) -> float:
     """Actor steps counted in the run's metrics (each record once, by its src and seq)."""
     seen, total = set(), 0.0
     for path in (run_dir / "metrics").glob("*.jsonl"):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
+        for record in _records(path):
             key = (record.get("src"), record.get("seq"))
             if record.get("kind") == "count" and key not in seen:
                 seen.add(key)

@@ -169,8 +169,8 @@ def _acme_options_text(acme: Mapping[str, Any]) -> str:
     default = json.loads((RESULTS / SUITE_RESULT).read_text(encoding="utf-8"))["runs"]
 
     def mean(values: list[float | None]) -> str:
-        known = [v for v in values if v is not None]
-        return f"{sum(known) / len(known):.0f}" if known and len(known) == len(values) else "-"
+        # "-" unless every seed has an evaluation there: a mean over fewer would not compare.
+        return f"{sum(values) / len(values):.0f}" if values and None not in values else "-"
 
     parts = []
     for task, by_seed in sorted(acme["runs"].items()):
