@@ -164,6 +164,15 @@ def add_flags(d4pg: argparse.ArgumentParser) -> None:
         f"replay node dies (default: {defaults.replay_checkpoint_every_s:g}{own})",
     )
     d4pg.add_argument(
+        "--learner-stall-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --learner-workers > 1: a worker that completes no update for this long "
+        "is stuck (e.g. in an all-reduce with a hung peer) and the learner group restarts "
+        f"from its last checkpoint; 0: never (default: {defaults.learner_stall_timeout_s:g}{own})",
+    )
+    d4pg.add_argument(
         "--max-restarts",
         type=int,
         default=None,
@@ -265,6 +274,8 @@ def resolve(raw_args, overrides: dict[str, str]):
         raise LaunchError("--replay-checkpoint-every must be a positive number of seconds.")
     if args.max_restarts < 0:
         raise LaunchError("--max-restarts must be 0 or more.")
+    if args.learner_stall_timeout < 0:
+        raise LaunchError("--learner-stall-timeout must be 0 (never) or a number of seconds.")
     if args.restart_window <= 0:
         raise LaunchError("--restart-window must be a positive number of minutes.")
     if args.checkpoint_every < 1:
@@ -339,6 +350,7 @@ def resolve(raw_args, overrides: dict[str, str]):
         learner_workers=args.learner_workers,
         learner_gpus=learner_gpus,
         ray_resources=ray_resources,
+        learner_stall_timeout_s=args.learner_stall_timeout,
         max_restarts=args.max_restarts,
         restart_window_s=args.restart_window * 60.0,
     )

@@ -45,6 +45,7 @@ def stored_flag_defaults() -> dict[str, Any]:
         "keep_snapshots": d.keep_snapshots,
         "checkpoint_every": d.learner_checkpoint_every_steps,
         "replay_checkpoint_every": d.replay_checkpoint_every_s,
+        "learner_stall_timeout": d.learner_stall_timeout_s,
         "max_restarts": d.max_restarts,
         "restart_window": d.restart_window_s / 60.0,
     }
@@ -74,6 +75,7 @@ _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "eval_every_steps": (int,),
     "replay_checkpoint_every": _NUMBER,
     "restart_window": _NUMBER,
+    "learner_stall_timeout": _NUMBER,
 }
 
 

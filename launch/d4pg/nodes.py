@@ -288,6 +288,9 @@ def learner(
                 if _reconnect_learner(ctx, agent, replay_address, e, reverb, publish=is_chief):
                     continue
                 raise
+            # An update done: not stuck (a group's stall watchdog, `Node.stall_timeout`,
+            # armed by the first one, so compiling the first update is not timed).
+            ctx.heartbeat()
             steps = agent.num_steps
             now = time.monotonic()
             if now - last_report >= report_every_s:

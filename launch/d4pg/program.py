@@ -105,6 +105,10 @@ class D4PGProgramSettings:
       ray_resources: Extra Ray custom resources per role ("replay", "learner",
         "actor", "evaluator"), e.g. ``{"learner": {"learner_host": 1}}`` (each
         learner worker asks for them); ignored by the local and threads backends.
+      learner_stall_timeout_s: A worker of a multi-worker learner that completes no
+        update for this long is stuck (e.g. in an all-reduce whose peer hangs: TF 2.15
+        collectives have no timeout) and the group restarts from the last checkpoint
+        (`Node.stall_timeout`; 0: never). One learner process is never timed.
       max_restarts: Restart budget of every node: more failures than this...
       restart_window_s: ...within this many seconds stop the run.
     """
@@ -125,6 +129,7 @@ class D4PGProgramSettings:
     learner_workers: int = 1
     learner_gpus: float = 0.0
     ray_resources: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    learner_stall_timeout_s: float = 300.0
     max_restarts: int = 10
     restart_window_s: float = 600.0
 
@@ -195,6 +200,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
             stop_phase=0,
             stop_timeout=30.0 if index == 0 else 15.0,
             group="learner" if group else "",
+            stall_timeout=settings.learner_stall_timeout_s if group else 0.0,
             # Workers other than the chief save nothing (the chief writes the checkpoint):
             # killing one at its stop deadline loses nothing.
             stateless=index > 0,

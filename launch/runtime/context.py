@@ -22,6 +22,12 @@ Sink = Callable[[str], None]
 # Published under this key + the node's name: the seconds the node needs to stop (see
 # `NodeContext.need_stop_time`). No node's arguments refer to it.
 STOP_TIME_KEY = "stop_time_needed/"
+# Published under this key + the node's name: the wall time of the node's latest
+# `heartbeat` (see `Node.stall_timeout`). No node's arguments refer to it.
+HEARTBEAT_KEY = "heartbeat/"
+# A heartbeat is published at most this often: the watchdog's timeouts are minutes, and
+# every publication rewrites the node's published values.
+HEARTBEAT_PERIOD_S = 2.0
 
 
 class NodeContext:
@@ -60,6 +66,7 @@ class NodeContext:
         self._source = uuid.uuid4().hex[:12]
         self._seq = itertools.count(1)
         self.stop_time_needed = 0.0  # Seconds asked for by `need_stop_time` (0: none).
+        self._last_heartbeat = float("-inf")
 
     # Stopping.
     def should_stop(self) -> bool:
@@ -114,6 +121,19 @@ class NodeContext:
         supervisor and a node whose launcher died both wait that long."""
         self.stop_time_needed = float(seconds)
         self.publish(STOP_TIME_KEY + self.name, self.stop_time_needed)
+
+    def heartbeat(self) -> None:
+        """Says the body is making progress (e.g. after each update of a learner worker).
+
+        A node with a `stall_timeout` that sends no heartbeat for that long, after its
+        first one, is taken for stuck (e.g. in a collective that lost a peer) and is
+        killed and restarted. Cheap to call often: published at most every
+        `HEARTBEAT_PERIOD_S` seconds.
+        """
+        now = time.monotonic()
+        if now - self._last_heartbeat >= HEARTBEAT_PERIOD_S:
+            self._last_heartbeat = now
+            self.publish(HEARTBEAT_KEY + self.name, time.time())
 
     def path(self, *parts: str) -> str:
         """A path inside the run directory, its parent directories created."""

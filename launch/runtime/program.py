@@ -159,6 +159,11 @@ class Node:
         from an out-of-memory killer) has failed, and its restart policy applies, like
         supervisord's ``autorestart=unexpected``: a run must not stall on a node that is
         gone while the launcher believes it finished.
+      stall_timeout: Seconds without a `NodeContext.heartbeat` after which a running
+        node counts as stuck: it is killed and fails (its restart policy applies; a
+        group restarts as a whole). Armed by the body's first heartbeat of each start,
+        so start-up and restores are not timed. 0: no watchdog. For bodies that can
+        block without a deadline, e.g. learner workers in a collective whose peer hangs.
     """
 
     name: str
@@ -171,12 +176,18 @@ class Node:
     group: str = ""
     stateless: bool = False
     may_finish: bool = False
+    stall_timeout: float = 0.0
 
     def __post_init__(self):
         if ":" not in self.entry_point:
             raise ValueError(
                 f"Node {self.name!r}: entry_point must look like 'module:function', "
                 f"got {self.entry_point!r}."
+            )
+        if self.stall_timeout < 0:
+            raise ValueError(
+                f"Node {self.name!r}: stall_timeout must be 0 (off) or a positive number of "
+                f"seconds, got {self.stall_timeout!r}."
             )
         try:
             json.dumps(self.kwargs)

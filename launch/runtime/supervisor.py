@@ -11,7 +11,9 @@ within its restart budget (a node that returns unasked, unless it `may_finish`, 
 failed); a deterministic failure (import error, bad config) or an
 exhausted budget stops the run with the node's last log lines; a node that publishes
 a new value (e.g. a replay restarted on another machine) gets the nodes that use the
-value restarted with it; a stateful node that fails to stop cleanly is reported in
+value restarted with it; a node with a `Node.stall_timeout` whose heartbeats stop is
+killed and fails like a crash (a stuck collective cannot time out by itself); a
+stateful node that fails to stop cleanly is reported in
 `Outcome.stop_failures`, so the exit status can say so.
 """
 
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from launch.runtime.context import STOP_TIME_KEY
+from launch.runtime.context import HEARTBEAT_KEY, STOP_TIME_KEY
 from launch.runtime.program import Node, Program, resolve_refs
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -98,6 +100,15 @@ class _State:
     restart_for: str = ""  # Published keys whose change made us stop this node.
     restart_deadline: float = 0.0  # When a node stopped for `restart_for` gets killed.
     awaiting_restart: bool = False  # Failed; its restart is scheduled (`next_start`).
+    # The stall watchdog (`Node.stall_timeout`): the heartbeat value seen last, and when
+    # it last changed in this start (None until the body's first heartbeat).
+    heartbeat_seen: Any = None
+    heartbeat_at: float | None = None
+
+    def arm_watchdog(self, published: dict[str, Any]) -> None:
+        """At each start: the heartbeat published by an earlier start does not count."""
+        self.heartbeat_seen = published.get(HEARTBEAT_KEY + self.node.name)
+        self.heartbeat_at = None
 
 
 class Supervisor:
@@ -270,6 +281,7 @@ class Supervisor:
         state.attempt += 1
         state.started_at = time.monotonic()
         state.awaiting_restart = False
+        state.arm_watchdog(self._published)
         try:
             state.handle = self._backend.start(state.node, kwargs, state.attempt)
         except Exception as e:  # pylint: disable=broad-except
@@ -289,6 +301,8 @@ class Supervisor:
             )
             state.handle.kill()
             state.restart_deadline = float("inf")
+            return
+        if exit_ is None and self._stalled(state):
             return
         if exit_ is None:
             if (
@@ -315,6 +329,34 @@ class Supervisor:
         tail = _log_tail(state.handle)
         state.handle = None
         self._on_failure(state, exit_, hint, tail)
+
+    def _stalled(self, state: _State) -> bool:
+        """The stall watchdog: True if it killed `state`'s node (no heartbeat for its
+        `stall_timeout`), which then fails like a crash (a group restarts as a whole)."""
+        timeout = state.node.stall_timeout
+        if not timeout:
+            return False
+        now = time.monotonic()
+        beat = self._published.get(HEARTBEAT_KEY + state.node.name)
+        if beat != state.heartbeat_seen:
+            state.heartbeat_seen, state.heartbeat_at = beat, now
+            return False
+        if state.heartbeat_at is None or now - state.heartbeat_at < timeout:
+            return False
+        # Blocked without a deadline (e.g. an all-reduce whose peer hangs): only a kill
+        # ends it, and the restart (from the last checkpoint) resumes the run.
+        hint = state.handle.log_hint()
+        state.handle.kill()
+        state.handle.drain()
+        tail = _log_tail(state.handle)
+        state.handle = None
+        self._on_failure(
+            state,
+            Exit(False, f"no heartbeat for {now - state.heartbeat_at:.0f}s: stuck; killed"),
+            hint,
+            tail,
+        )
+        return True
 
     def _on_failure(self, state: _State, exit_: Exit, hint: str, tail: str = "") -> None:
         name, policy = state.node.name, state.node.restart
@@ -377,6 +419,7 @@ class Supervisor:
             m.attempt += 1
             m.started_at = now
             m.awaiting_restart = False
+            m.arm_watchdog(self._published)
         try:
             start_group = getattr(self._backend, "start_group", None)
             if start_group is None:

@@ -57,6 +57,22 @@ def counter(ctx, *, tick=0.05, crash_on_attempt=-1, crash_after=5, ignore_stop=F
             raise RuntimeError(f"{ctx.name} crashes on purpose")
 
 
+def beating(ctx, *, tick=0.05, quiet_start=0.0, hang_on_attempt=-1, hang_after=10):
+    """Sends a heartbeat every tick, after `quiet_start` seconds without any (a slow
+    start-up); on attempt `hang_on_attempt` it hangs after `hang_after` ticks, deaf to
+    stop requests, as a worker blocked in a collective whose peer is gone."""
+    ctx.gauge(**{f"pid_{ctx.name}": os.getpid(), f"attempt_{ctx.name}": ctx.attempt})
+    time.sleep(quiet_start)
+    ticks = 0
+    while not ctx.should_stop():
+        ctx.heartbeat()
+        time.sleep(tick)
+        ticks += 1
+        if ctx.attempt == hang_on_attempt and ticks >= hang_after:
+            while True:
+                time.sleep(1.0)
+
+
 def failing(ctx):
     raise RuntimeError("this node always fails")
 

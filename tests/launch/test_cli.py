@@ -149,6 +149,7 @@ def test_relaunch_rules_leave_the_run_untouched(finished_run, capsys):
         (["--ray-address", "127.0.0.1:1"], 2, "--ray-address only applies to --backend ray"),
         (["--actors", "0"], 2, "--actors must be at least 1"),
         (["--learner-workers", "0"], 2, "--learner-workers must be at least 1"),
+        (["--learner-stall-timeout", "-1"], 2, "--learner-stall-timeout must be 0 (never)"),
         (["--learner-workers", "2", "--learner-replicas", "cpu:2"], 2, "one CPU device per"),
         (["--learner-workers", "3"], 2, "divisible by the 3 learner replicas (3 worker(s)"),
         (["--learner-workers", "2", "--backend", "threads"], 2, "use --backend local or ray"),

@@ -198,3 +198,41 @@ def test_local_learner_group_steps_writes_from_the_chief_and_restarts_together(t
     }, top
     learner_checkpoints = os.listdir(f"{run_dir}/checkpoints/learner")
     assert all(f == "checkpoint" or f.startswith("ckpt-") for f in learner_checkpoints)
+
+
+def test_a_learner_group_blocked_without_deadline_restarts_from_the_stall_watchdog(
+    tmp_path, capsys
+):
+    # Issue 18, item 3. A group's workers sample without a deadline and TF 2.15's
+    # collectives have none; TF's coordination service aborts them only when a peer stops
+    # answering (a SIGSTOPped worker: seen here at ~40 s). Here every process answers but
+    # the group waits for ever: the replay hangs (SIGSTOP). The workers' heartbeats stop,
+    # the watchdog restarts the group, and once the replay runs again it steps again.
+    run_dir = str(tmp_path / "run")
+    program = s.tiny_program(
+        num_actors=1, checkpoint_every_steps=40, learner_workers=2, learner_stall_timeout_s=20.0
+    )
+    assert [n.stall_timeout for n in program.nodes if n.group] == [20.0, 20.0]
+    bg = s.Background(program, run_dir, backend="local")
+    sup = bg.supervisor
+    s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 60, 300, "chief steps")
+    replay = sup.handles()["replay"].pid
+    os.kill(replay, signal.SIGSTOP)
+    try:
+        s.wait_for(
+            lambda: sup.restarts()["learner"] >= 1 and sup.restarts()["learner_1"] >= 1,
+            120,
+            "the watchdog's group restart",
+        )
+    finally:
+        os.kill(replay, signal.SIGCONT)
+    before = s.gauge(run_dir, "learner_steps")
+    s.wait_for(
+        lambda: (s.gauge(run_dir, "learner_steps") or 0) > before + 20, 300, "steps after restart"
+    )
+    outcome = bg.stop()
+    err = capsys.readouterr().err
+    assert outcome.reason == "interrupted"
+    assert outcome.restarts["replay"] == 0
+    assert "failed (no heartbeat for" in err, err
+    assert "the whole group (learner, learner_1) restarts" in err, err

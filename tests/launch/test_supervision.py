@@ -175,6 +175,49 @@ def test_crashed_node_restarts_with_backoff(tmp_path):
     assert "crashes on purpose" in log and "start #1" in log
 
 
+def test_a_node_whose_heartbeats_stop_is_killed_and_restarted(tmp_path, capsys):
+    # Issue 18, item 3: a worker blocked in a collective whose peer hangs never returns
+    # and ignores stop requests; its heartbeats stop, and the watchdog restarts it.
+    run_dir = str(tmp_path / "run")
+    program = Program(
+        "p",
+        [
+            Node(
+                "worker",
+                "tests.launch.nodes:beating",
+                {"hang_on_attempt": 0},
+                restart=RestartPolicy(initial_backoff=0.1),
+                stall_timeout=6.0,
+            )
+        ],
+    )
+    t, result, sup = _run_in_thread(program, run_dir)
+    pid = _wait_for(lambda: _gauges(run_dir).get("pid_worker"), 30, "the worker")
+    _wait_for(lambda: _gauges(run_dir).get("attempt_worker") == 1, 60, "the hung worker's restart")
+    assert not _alive(pid)
+    time.sleep(10.0)  # Longer than stall_timeout: a beating node is left alone.
+    sup.request_stop()
+    t.join(30)
+    err = capsys.readouterr().err
+    assert result["outcome"].restarts == {"worker": 1}, err
+    assert "worker failed (no heartbeat for" in err, err
+
+
+def test_the_stall_watchdog_does_not_time_the_start_up(tmp_path):
+    # Armed by the first heartbeat of each start: restores and compilation are not timed.
+    run_dir = str(tmp_path / "run")
+    program = Program(
+        "p",
+        [Node("worker", "tests.launch.nodes:beating", {"quiet_start": 8.0}, stall_timeout=3.0)],
+    )
+    t, result, sup = _run_in_thread(program, run_dir)
+    _wait_for(lambda: _gauges(run_dir).get("pid_worker"), 30, "the worker")
+    time.sleep(12.0)
+    sup.request_stop()
+    t.join(30)
+    assert result["outcome"].restarts == {"worker": 0}
+
+
 def test_kill_9_node_is_restarted(tmp_path):
     run_dir = str(tmp_path / "run")
     t, result, sup = _run_in_thread(nodes.demo_program(), run_dir)
