@@ -163,8 +163,8 @@ def _nearest_evaluation(curve: list, at_steps: int) -> float | None:
     return eval_return if abs(steps - at_steps) <= 10_000 else None
 
 
-def _acme_options_text(acme: Mapping[str, Any]) -> str:
-    """Per task: Acme's three options together against the default on the same seeds (the
+def _candidate_vs_default_text(acme: Mapping[str, Any]) -> str:
+    """Per task: a candidate setting's suite runs against the default on the same seeds (the
     default's suite runs of those seeds), at 100k and 200k actor steps."""
     default = json.loads((RESULTS / SUITE_RESULT).read_text(encoding="utf-8"))["runs"]
 
@@ -451,7 +451,15 @@ ROWS: tuple[Row, ...] = (
         "--config.short_transitions_from_first_state=true`): mean eval return vs the default on "
         "the same seeds (the default's suite runs), 10 episodes per evaluation",
         "{tasks}",
-        derived={"tasks": _acme_options_text},
+        derived={"tasks": _candidate_vs_default_text},
+    ),
+    Row(
+        "agents_learning_suite_policy_lr3e-4.json",
+        "`agents_learning_suite --tasks ball_in_cup:catch --launch-flag=--config.policy_lr=0.0003`: "
+        "a slower policy (Adam 3e-4, default 1e-3) against the catch's evaluation dips: mean "
+        "eval return vs the default on the same seeds, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
         "launch_time_to_score.json",
