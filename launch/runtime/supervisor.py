@@ -334,7 +334,8 @@ class Supervisor:
         """The stall watchdog: True if it killed `state`'s node (no heartbeat for its
         `stall_timeout`), which then fails like a crash (a group restarts as a whole)."""
         timeout = state.node.stall_timeout
-        if not timeout:
+        if not timeout or state.restart_for:
+            # (A node asked to stop for a changed value has its own deadline.)
             return False
         now = time.monotonic()
         beat = self._published.get(HEARTBEAT_KEY + state.node.name)
