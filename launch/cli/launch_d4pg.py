@@ -102,6 +102,9 @@ def run(raw_args: argparse.Namespace) -> int:
             f"logs: {run_dir.path('logs')}; TensorBoard: --logdir {run_dir.path('tensorboard')})",
             flush=True,
         )
+        note = getattr(backend, "startup_note", "")  # What this backend cannot promise.
+        if note:
+            print(note, flush=True)
         outcome = launcher.run(
             program,
             run_dir,

@@ -15,6 +15,11 @@ cluster-wide checks (addresses, placement) and the shipped code are in
 Checkpoints and TensorBoard files are written by the nodes themselves at the run
 directory's path: on a multi-machine cluster that path must be shared storage
 (NFS or similar) mounted at the same place on every machine.
+
+A killed launcher: on a cluster given by ``address`` the node actors are detached
+and watch the launcher's heartbeat, so they save and end their actors
+(`launch.runtime.ray_heartbeat`); a private local instance ends with the launcher,
+its nodes too, without a final save (`RayBackend.startup_note` says so).
 """
 
 from __future__ import annotations
@@ -23,16 +28,16 @@ import json
 import math
 import os
 import socket
-import threading
 import time
-from collections.abc import Callable
+import uuid
 from typing import Any
 
-from launch.runtime.context import FileSink, NodeContext
+from launch.runtime.context import FileSink
 from launch.runtime.errors import LaunchError, is_deterministic
-from launch.runtime.learner_group import reserve_ports
-from launch.runtime.program import GROUP_ADDRESSES, Node, Program, check_arguments, load_entry_point
+from launch.runtime.program import Node, Program
 from launch.runtime.ray_cluster import check_cluster, check_dependencies, code_runtime_env
+from launch.runtime.ray_heartbeat import GRACE_S, NAMESPACE, Heartbeat
+from launch.runtime.ray_node import RayNode
 from launch.runtime.run_dir import RunDir, tail_lines
 from launch.runtime.supervisor import Exit
 
@@ -77,82 +82,6 @@ def _check_reachable(address: str) -> None:
             "--ray-address to start a local Ray instance.",
             exit_code=1,
         ) from None
-
-
-class RayNode:
-    """The Ray actor that hosts one node body (a threaded actor: run + stop/drain)."""
-
-    def __init__(self):
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._metrics: list[str] = []
-        self._logs: list[str] = []
-        self._published: dict[str, Any] = {}
-
-    def _append(self, buffer: str) -> Callable[[str], None]:
-        # By attribute name: `drain` swaps the lists, so a captured list would go stale.
-        def sink(line: str) -> None:
-            with self._lock:
-                getattr(self, buffer).append(line)
-
-        return sink
-
-    def _publish(self, key: str, value: Any) -> None:
-        with self._lock:
-            self._published[key] = value
-
-    def reserve_port(self, advertise_host: str | None) -> str:
-        """A ``host:port`` free on the Ray node this actor runs on (for a node group)."""
-        import ray  # pylint: disable=import-outside-toplevel
-
-        host = advertise_host or ray.util.get_node_ip_address()
-        return reserve_ports(host, 1)[0]
-
-    def node_id(self) -> str:
-        """The id of the Ray node this actor runs on."""
-        import ray  # pylint: disable=import-outside-toplevel
-
-        return ray.get_runtime_context().get_node_id()
-
-    def run(self, spec_json: str, *group_addresses: str) -> str:
-        import ray  # pylint: disable=import-outside-toplevel
-
-        spec = json.loads(spec_json)
-        if not spec.get("gpus"):
-            # Ray 2.x leaves CUDA_VISIBLE_DEVICES alone for an actor that asked for no GPU:
-            # TensorFlow would then take every GPU of the machine (set before TF loads).
-            os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        if group_addresses:
-            spec["kwargs"][GROUP_ADDRESSES] = list(group_addresses)
-        host = spec["advertise_host"] or ray.util.get_node_ip_address()
-        ctx = NodeContext(
-            spec["name"],
-            spec["run_dir"],
-            attempt=spec["attempt"],
-            advertise_host=host,
-            stop_event=self._stop,
-            metrics_sink=self._append("_metrics"),
-            log_sink=self._append("_logs"),
-            publish_sink=self._publish,
-        )
-        node_id = ray.get_runtime_context().get_node_id()
-        ctx.log(f"running on {host} (Ray node {node_id}, pid {os.getpid()})")
-        fn = load_entry_point(spec["entry_point"])
-        check_arguments(fn, ctx, spec["kwargs"])
-        fn(ctx, **spec["kwargs"])
-        return "ok"
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def drain(self) -> str:
-        with self._lock:
-            out = {"metrics": self._metrics, "logs": self._logs, "published": dict(self._published)}
-            self._metrics, self._logs = [], []
-        return json.dumps(out)
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 class RayHandle:
@@ -225,6 +154,10 @@ class RayHandle:
     def published(self) -> dict[str, Any]:
         return dict(self._published)
 
+    def alive(self) -> bool:
+        """Whether its actor may still run (not yet seen to end, nor killed)."""
+        return self._exit is None
+
     def drain(self) -> None:
         if self._exit is not None:
             return
@@ -279,6 +212,9 @@ class RayBackend:
         self._run_dir = run_dir
         self._advertise_host = advertise_host
         self._owns_instance = address is None
+        # Nodes outlive a killed launcher (to save) only on a cluster that outlives it:
+        # one this backend connects to, not an instance the launcher started.
+        self._detached = False
         if ray.is_initialized():
             self._owns_instance = False
         elif address is None:
@@ -291,6 +227,7 @@ class RayBackend:
             )
         else:
             _check_reachable(address)
+            self._detached = True
             try:
                 ray.init(
                     address=address,
@@ -306,6 +243,15 @@ class RayBackend:
                     exit_code=1,
                 ) from None
         self._handles: list[RayHandle] = []
+        self._run_tag = uuid.uuid4().hex[:8]  # Names this launch's actors in NAMESPACE.
+        self._heartbeat: Heartbeat | None = None
+        self.startup_note = (
+            ""
+            if not self._owns_instance
+            else "Ray: the nodes end with this launcher's Ray instance, so a killed launcher "
+            "(kill -9, OOM) loses what they did since their last checkpoints; stop it with "
+            "Ctrl-C, or pass --ray-address of a `ray start --head` cluster to let nodes save."
+        )
         try:
             self._advertise_host = check_cluster(ray, program, advertise_host)
             if address is not None:  # Other machines: do they have what the nodes import?
@@ -314,9 +260,20 @@ class RayBackend:
             self.close()
             raise
         self._actor_class = ray.remote(RayNode)
+        if self._detached:
+            self._heartbeat = Heartbeat(lambda: [h.actor for h in list(self._handles) if h.alive()])
 
-    def _actor(self, node: Node):
+    def _actor(self, node: Node, attempt: int):
         res = node.resources
+        options: dict[str, Any] = {}
+        if self._detached:
+            # Outlives the launcher (`launch.runtime.ray_heartbeat`); named so that
+            # `ray list actors` shows whose it is.
+            options = {
+                "lifetime": "detached",
+                "name": f"{self._run_tag}-{node.name}-{attempt}",
+                "namespace": NAMESPACE,
+            }
         return self._actor_class.options(
             num_cpus=res.cpus,
             num_gpus=res.gpus,
@@ -324,8 +281,8 @@ class RayBackend:
             scheduling_strategy="SPREAD" if res.spread else "DEFAULT",
             max_concurrency=4,
             max_restarts=0,
-            name=None,
-        ).remote()
+            **options,
+        ).remote(GRACE_S if self._detached else 0.0)
 
     def start_group(self, nodes: list[Node], kwargs: list[dict], attempts: list[int]):
         """Starts a node group: each member reserves a port on the Ray node it was placed on.
@@ -334,7 +291,7 @@ class RayBackend:
         Ray starts them once every member is placed and has its port; the launcher
         never blocks on placement.
         """
-        actors = [self._actor(node) for node in nodes]
+        actors = [self._actor(node, attempt) for node, attempt in zip(nodes, attempts)]
         addresses = [a.reserve_port.remote(self._advertise_host) for a in actors]
         return [
             self.start(node, kw, attempt, actor=actor, group_addresses=addresses)
@@ -344,7 +301,7 @@ class RayBackend:
     def start(
         self, node: Node, kwargs: dict, attempt: int, *, actor=None, group_addresses=()
     ) -> RayHandle:
-        actor = actor or self._actor(node)
+        actor = actor or self._actor(node, attempt)
         spec = {
             "name": node.name,
             "entry_point": node.entry_point,
@@ -353,6 +310,7 @@ class RayBackend:
             "attempt": attempt,
             "advertise_host": self._advertise_host,
             "gpus": node.resources.gpus,
+            "stop_timeout": node.stop_timeout,
         }
         FileSink(self._run_dir.log_path(node.name))(
             f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} start #{attempt} of {node.name} (ray)"
@@ -368,6 +326,8 @@ class RayBackend:
         return handle
 
     def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.close()
         for h in self._handles:
             try:
                 self._ray.kill(h.actor)
