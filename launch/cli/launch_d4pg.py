@@ -103,8 +103,9 @@ def run(raw_args: argparse.Namespace) -> int:
             flush=True,
         )
         note = getattr(backend, "startup_note", "")  # What this backend cannot promise.
-        if note:
-            print(note, flush=True)
+        for line in (note, exposure_note(settings)):
+            if line:
+                print(line, flush=True)
         outcome = launcher.run(
             program,
             run_dir,
@@ -115,6 +116,19 @@ def run(raw_args: argparse.Namespace) -> int:
     finally:
         locked.unlock()
     return report(outcome, run_dir)
+
+
+def exposure_note(settings) -> str:
+    """One line for a learner group, whose servers the platform cannot keep private (issue 18,
+    item 12): TensorFlow 2.15's gRPC servers bind every interface and run any graph a peer
+    sends, and nothing here can bind them to `--bind-host`."""
+    if settings.learner_workers < 2:
+        return ""
+    return (
+        "Note: the learner group's TensorFlow servers listen on all interfaces and run graphs "
+        "sent by any peer (TensorFlow 2.15 cannot bind one address): run it on a private "
+        "network or behind a firewall (docs/fault-tolerance.md, Security)."
+    )
 
 
 def report(outcome, run_dir) -> int:

@@ -358,3 +358,14 @@ def test_bad_scale_out_input_leaves_an_existing_run_untouched(finished_run, caps
     after = _snapshot(run_dir)
     changed = {p for p in before if before[p] != after.get(p)} | (set(after) - set(before))
     assert changed <= {os.path.join(run_dir, f) for f in LOCK_FILES}, changed
+
+
+def test_a_learner_group_launch_says_its_servers_are_exposed():
+    # Issue 18, item 12: TF 2.15's gRPC servers cannot be bound to one address; a launch
+    # that starts them says so in one line (and one that does not stays quiet).
+    from launch.cli import launch_d4pg
+    from launch.d4pg.program import D4PGProgramSettings
+
+    note = launch_d4pg.exposure_note(D4PGProgramSettings(learner_workers=2))
+    assert "listen on all interfaces" in note and len(note.splitlines()) == 1
+    assert launch_d4pg.exposure_note(D4PGProgramSettings()) == ""
