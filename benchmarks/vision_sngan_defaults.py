@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from vision.common import run_dir as run_dir_lib  # noqa: E402
+from benchmarks import vision_sngan_common as common  # noqa: E402
 from vision.sngan import cli as sngan_cli  # noqa: E402
 
 NOISY_LOAD = 2.0
@@ -43,38 +42,10 @@ def main() -> int:
     args = parser.parse_args()
     loads = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as scratch:
-        # The classifier trains in its own process: this one's TensorFlow devices are
-        # left for the trainer's replication spec.
         classifier = os.path.join(scratch, "classifier")
-        trained = subprocess.run(
-            [sys.executable, "-m", "vision.metrics.digits_classifier", "--out", classifier],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        accuracy = float(trained.stdout.split("test accuracy ")[1].split(";")[0])
+        accuracy = common.train_classifier(classifier)
         run = os.path.join(scratch, "run")
-        argv = [
-            "train",
-            "sngan",
-            "--data",
-            "digits",
-            "--run-dir",
-            run,
-            "--steps",
-            str(args.steps),
-            "--batch-size",
-            str(args.batch_size),
-            "--classifier",
-            classifier,
-            "--eval-every",
-            "0",
-            "--log-every",
-            "100",
-            "--checkpoint-every",
-            str(args.steps),
-        ]
+        argv = common.train_argv(run, args.steps, args.batch_size, classifier)
         start = time.perf_counter()
         code = sngan_cli.main(argv)
         seconds = time.perf_counter() - start
@@ -82,41 +53,21 @@ def main() -> int:
         if code != 0:
             print(f"training failed with status {code}", file=sys.stderr)
             return code
-        values = {(r["step"], r["name"]): r["value"] for r in run_dir_lib.read_metrics(run)}
-        with open(os.path.join(run, run_dir_lib.CONFIG_FILE)) as f:
-            config = json.load(f)["config"]
+        at_step_0 = common.eval_metrics(run, 0)
+        at_end = common.eval_metrics(run, args.steps)
+        config = common.run_config(run)
 
-    def metric(step: int, name: str) -> float:
-        return values[(step, f"eval/{name}")]
-
-    names = ("class_accuracy", "fid", "inception_score")
     result = {
         "benchmark": "vision_sngan_defaults",
         "what": "SN-GAN on the digits with the default (Miyato et al. 2018) optimisation: "
         "EMA-generator metrics at step 0 and at the end",
         "command": "python benchmarks/vision_sngan_defaults.py " + " ".join(sys.argv[1:]),
-        "config": {
-            k: config[k]
-            for k in (
-                "disc_steps",
-                "g_learning_rate",
-                "d_learning_rate",
-                "beta1",
-                "beta2",
-                "lr_decay",
-                "global_batch_size",
-                "steps",
-                "image_size",
-                "g_base_channels",
-                "d_base_channels",
-                "eval_samples",
-            )
-        },
+        "config": config,
         "classifier_eval_accuracy": accuracy,
-        "at_step_0": {n: metric(0, n) for n in names},
-        "at_end": {n: metric(args.steps, n) for n in names},
-        "learned": metric(args.steps, "class_accuracy") > 2 * metric(0, "class_accuracy")
-        and metric(args.steps, "fid") < metric(0, "fid"),
+        "at_step_0": at_step_0,
+        "at_end": at_end,
+        "learned": at_end["class_accuracy"] > 2 * at_step_0["class_accuracy"]
+        and at_end["fid"] < at_step_0["fid"],
         "train_seconds": seconds,
         "load_average": {"at_start": loads[0], "at_end": loads[-1]},
         "noisy": max(loads) > NOISY_LOAD,

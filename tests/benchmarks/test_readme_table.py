@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from benchmarks import readme_table
+from benchmarks import readme_table, vision_sngan_batches
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,6 +34,33 @@ def test_the_suite_table_recomputes_from_a_changed_summary(tmp_path):
     path.write_text(json.dumps(data))
     assert "| **123** ±" in readme_table.render_suite(results)
     assert "| **123** ±" not in readme_table.render_suite()
+
+
+def test_readme_sngan_batch_table_matches_its_results():
+    text = readme_table.README.read_text(encoding="utf-8")
+    block = readme_table.current_block(text, readme_table.SNGAN_BEGIN, readme_table.SNGAN_END)
+    assert block == readme_table.render_sngan_batches(), "run python benchmarks/readme_table.py"
+
+
+def test_the_sngan_batch_table_shows_the_seeds_still_missing(tmp_path):
+    """A sweep stopped early: each batch's row says how many of the planned seeds it holds."""
+    result = {"steps": 1000, "replicas": "cpu:4", "classifier_eval_accuracy": 0.98, "runs": {}}
+    config = json.loads((readme_table.RESULTS / "vision_sngan_defaults.json").read_text())
+    for batch, seed, fid in ((32, 0, 40.0), (32, 1, 60.0), (128, 0, 30.0)):
+        record = {
+            "at_end": {"fid": fid, "inception_score": 5.0, "class_accuracy": 0.5},
+            "wall_s": 100.0,
+            "load_average": {"before": 1.0, "after": 2.5},
+            "config": config["config"],
+        }
+        result = vision_sngan_batches.merge_run(result, batch, seed, record)
+    result["planned"] = {"batch_sizes": [32, 128, 512], "seeds": [0, 1]}
+    (tmp_path / readme_table.SNGAN_BATCHES_RESULT).write_text(json.dumps(result))
+    table = readme_table.render_sngan_batches(tmp_path)
+    assert "| 32 (8 per replica) | 0, 1 | 50.0 (40.0-60.0) | 5.00 (5.00-5.00) |" in table
+    assert "| 128 (32 per replica) | 0 (1 of 2 run) | 30.0 | 5.00 | 0.500 | 100 | 2.5 |" in table
+    assert "| 512 (128 per replica) | none (0 of 2 run) | - | - | - | - | - |" in table
+    assert "the mean FID gets better, Inception Score: mixed" in table
 
 
 def test_every_result_has_a_row():
