@@ -35,7 +35,10 @@ def tiny_config() -> dict:
     return D4PGConfig.from_overrides(TINY).to_dict()
 
 
-def tiny_program(num_actors=2, replicas="cpu", checkpoint_every_steps=50, **settings_kwargs):
+def tiny_program(
+    num_actors=2, replicas="cpu", checkpoint_every_steps=50, config=None, **settings_kwargs
+):
+    """A tiny D4PG program; `config` overrides keys of `tiny_config()`."""
     settings = d4pg_program.D4PGProgramSettings(
         task=TASK,
         num_actors=num_actors,
@@ -46,7 +49,7 @@ def tiny_program(num_actors=2, replicas="cpu", checkpoint_every_steps=50, **sett
         report_every_s=1.0,
         **settings_kwargs,
     )
-    return d4pg_program.make_program(settings, tiny_config())
+    return d4pg_program.make_program(settings, {**tiny_config(), **(config or {})})
 
 
 def records(run_dir, node=None, kind=None):
@@ -88,6 +91,21 @@ def wait_for(predicate, timeout, what):
 def log_text(run_dir, node):
     with open(os.path.join(run_dir, "logs", f"{node}.log"), errors="replace") as f:
         return f.read()
+
+
+def assert_final_saves_after(run_dir, offsets, killed_at):
+    """The learner and the replay logged their final checkpoints after the log `offsets`
+    (chars per node) and wrote them at or after `killed_at`; returns both logs' new parts."""
+    learner = log_text(run_dir, "learner")[offsets["learner"] :]
+    replay = log_text(run_dir, "replay")[offsets["replay"] :]
+    assert "final learner checkpoint" in learner, learner
+    assert "final replay checkpoint" in replay, replay
+    index = os.path.join(run_dir, "checkpoints", "learner", "checkpoint")
+    assert os.path.getmtime(index) >= killed_at
+    replay_root = os.path.join(run_dir, "checkpoints", "replay")
+    replay_dirs = [os.path.join(replay_root, d) for d in os.listdir(replay_root)]
+    assert max(os.path.getmtime(d) for d in replay_dirs) >= killed_at
+    return learner, replay
 
 
 class Background:

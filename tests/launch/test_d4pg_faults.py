@@ -117,17 +117,7 @@ def test_kill_9_of_the_launcher_leaves_final_checkpoints_and_no_orphan(tmp_path)
         proc.wait()
     # Each node gets SIGTERM from the parent-death signal, saves, and exits by its deadline.
     s.wait_for(lambda: not any(c.alive(p) for p in pids), 90, "every node to exit")
-    learner = s.log_text(run_dir, "learner")[offsets["learner"] :]
-    replay = s.log_text(run_dir, "replay")[offsets["replay"] :]
-    assert "final learner checkpoint" in learner, learner
-    assert "final replay checkpoint" in replay, replay
-    index = os.path.join(run_dir, "checkpoints", "learner", "checkpoint")
-    assert os.path.getmtime(index) >= killed_at
-    replay_dirs = [
-        os.path.join(run_dir, "checkpoints", "replay", d)
-        for d in os.listdir(os.path.join(run_dir, "checkpoints", "replay"))
-    ]
-    assert max(os.path.getmtime(d) for d in replay_dirs) >= killed_at
+    s.assert_final_saves_after(run_dir, offsets, killed_at)
 
 
 def test_a_learner_whose_replay_does_not_answer_still_saves_when_its_launcher_dies(tmp_path):

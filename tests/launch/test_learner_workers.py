@@ -210,7 +210,13 @@ def test_a_learner_group_blocked_without_deadline_restarts_from_the_stall_watchd
     # the watchdog restarts the group, and once the replay runs again it steps again.
     run_dir = str(tmp_path / "run")
     program = s.tiny_program(
-        num_actors=1, checkpoint_every_steps=40, learner_workers=2, learner_stall_timeout_s=20.0
+        num_actors=1,
+        checkpoint_every_steps=40,
+        learner_workers=2,
+        learner_stall_timeout_s=20.0,
+        # No weight publication after the first: its 10 s deadline would otherwise see the
+        # hung replay first (when the chief happens to be publishing), not the watchdog.
+        config={"publish_period": 10**9},
     )
     assert [n.stall_timeout for n in program.nodes if n.group] == [20.0, 20.0]
     bg = s.Background(program, run_dir, backend="local")
