@@ -288,9 +288,11 @@ def learner(
                 if _reconnect_learner(ctx, agent, replay_address, e, reverb, publish=is_chief):
                     continue
                 raise
-            # An update done: not stuck (a group's stall watchdog, `Node.stall_timeout`,
-            # armed by the first one, so compiling the first update is not timed).
-            ctx.heartbeat()
+            if workers > 1:
+                # An update done: not stuck (the group's stall watchdog, `Node.stall_timeout`,
+                # armed by the first one, so compiling the first update is not timed). One
+                # learner has no watchdog: it would only rewrite its published values.
+                ctx.heartbeat()
             steps = agent.num_steps
             now = time.monotonic()
             if now - last_report >= report_every_s:
