@@ -167,7 +167,7 @@ def _nearest_evaluation(curve: list, at_steps: int) -> float | None:
     return eval_return if abs(steps - at_steps) <= 10_000 else None
 
 
-def _candidate_vs_default_text(acme: Mapping[str, Any]) -> str:
+def _candidate_vs_default_text(candidate: Mapping[str, Any]) -> str:
     """Per task: a candidate setting's suite runs against the default on the same seeds (the
     default's suite runs of those seeds), at 100k and 200k actor steps."""
     default = json.loads((RESULTS / SUITE_RESULT).read_text(encoding="utf-8"))["runs"]
@@ -177,7 +177,7 @@ def _candidate_vs_default_text(acme: Mapping[str, Any]) -> str:
         return f"{sum(values) / len(values):.0f}" if values and None not in values else "-"
 
     parts = []
-    for task, by_seed in sorted(acme["runs"].items()):
+    for task, by_seed in sorted(candidate["runs"].items()):
         seeds = sorted(by_seed, key=int)
         cells = []
         for at in (100_000, 200_000):
