@@ -12,7 +12,8 @@ measured here with `--single-process`.
 
     python benchmarks/launch_time_to_score.py [--seeds 0,1,2] [--single-process]
 
-Writes benchmarks/results/launch_time_to_score.json.
+Writes benchmarks/results/launch_time_to_score.json. A candidate setting is measured with
+`--launch-flag=--config.NAME=VALUE` (repeatable) and its own `--results` file.
 """
 
 from __future__ import annotations
@@ -36,11 +37,14 @@ from launch.d4pg import program as d4pg_program  # noqa: E402
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 
 
-def distributed(task: str, seeds: list[int], target: float, timeout_s: float) -> dict:
-    """The README command once per seed, back to back; per-seed figures and medians."""
+def distributed(
+    task: str, seeds: list[int], target: float, timeout_s: float, extra_flags=()
+) -> dict:
+    """The README command (plus `extra_flags`) once per seed, back to back; per-seed
+    figures and medians."""
     runs = {}
     for seed in seeds:
-        run = run_one(task, seed, d4pg_program.QUICK_STEPS, timeout_s, keep=False)
+        run = run_one(task, seed, d4pg_program.QUICK_STEPS, timeout_s, False, extra_flags)
         hit = first_reaching(run["curve"], target)
         runs[str(seed)] = {
             **run,
@@ -121,11 +125,24 @@ def main() -> None:
         help="run only the single-process runner; keep the distributed figures "
         "already in the results file",
     )
+    parser.add_argument(
+        "--launch-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="one more flag for every launch, e.g. --launch-flag=--config.policy_lr=3e-4 "
+        "(repeatable; use a separate --results file per setting)",
+    )
+    parser.add_argument(
+        "--results",
+        default=os.path.join(RESULTS, "launch_time_to_score.json"),
+        help="results JSON to write",
+    )
     args = parser.parse_args()
     from agents.d4pg.config import D4PGConfig
 
     config = D4PGConfig.from_overrides(d4pg_program.PRESETS["quick"]).to_dict()
-    out = os.path.join(RESULTS, "launch_time_to_score.json")
+    out = args.results
     result = {}
     if args.only_single_process and os.path.exists(out):
         with open(out) as f:
@@ -145,7 +162,9 @@ def main() -> None:
             [int(s) for s in args.seeds.split(",")],
             args.target,
             args.max_minutes * 60,
+            args.launch_flag,
         )
+        result["launch_flags"] = list(args.launch_flag)
     agents_file = os.path.join(RESULTS, "agents_time_to_score.json")
     if args.single_process or args.only_single_process:
         result["single_process_command"] = "python " + " ".join(sys.argv)
@@ -163,7 +182,7 @@ def main() -> None:
         "note": "2-core machine shared with other engineers' jobs; each run's load before "
         "it started is in its record.",
     }
-    os.makedirs(RESULTS, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=2, default=str)
     d = result["distributed"]

@@ -134,6 +134,13 @@ class D4PGConfig:
     clipping: bool = True
     max_gradient_norm: float = 40.0  # Per-network global norm clip when `clipping`.
     dqda_clipping: float = 1.0  # Per-sample L2 norm clip of dQ/da; <= 0: no clip.
+    # Adds c * mean_b sum_a x^2 to the policy loss, x the policy head's output before its
+    # tanh. Without it a policy can saturate for good: Adam keeps stepping at full size
+    # while the gradient through tanh vanishes, |x| grows to ~50, tanh'(x) rounds to 0 and
+    # the policy acts one constant action for the rest of the run (seen in the README's
+    # cartpole command). The penalty's gradient 2cx pulls such a policy back, and is
+    # negligible next to the DPG where |x| is small. 0: off (Acme has none).
+    policy_preactivation_penalty: float = 0.0
     target_update_period: int = 100
     jit_compile: bool = True  # XLA-compile the forward/backward pass of the update.
     # Image augmentation of the learner's batches (pixels only): pad by
@@ -223,6 +230,11 @@ class D4PGConfig:
             problems.append(f"min_replay_size must be >= 1, got {self.min_replay_size}")
         if self.min_replay_size > self.max_replay_size:
             problems.append("min_replay_size must be <= max_replay_size")
+        if self.policy_preactivation_penalty < 0:
+            problems.append(
+                "policy_preactivation_penalty must be >= 0 (0: off), got "
+                f"{self.policy_preactivation_penalty}"
+            )
         if self.sigma < 0:
             problems.append(f"sigma must be >= 0, got {self.sigma}")
         if self.random_shift_pad < 0:

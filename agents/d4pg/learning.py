@@ -175,7 +175,9 @@ class D4PGLearner(core.Learner):
       3. critic: distributional TD loss against the projected n-step target
          (`losses.distributional_td_loss`); trains the critic and the torso;
       4. policy: DPG through the critic's mean on a stop-gradient embedding, with
-         dQ/da clipped per sample to L2 norm `dqda_clipping` (Acme); trains the policy;
+         dQ/da clipped per sample to L2 norm `dqda_clipping` (Acme), plus
+         `policy_preactivation_penalty` on the head's pre-tanh output when set;
+         trains the policy;
       5. the optimisers average gradients across replicas (once); with `clipping` the
          averaged gradient of each network is clipped to global norm
          `max_gradient_norm` first.
@@ -184,7 +186,10 @@ class D4PGLearner(core.Learner):
     q_mean, critic_grad_norm / policy_grad_norm (global norm of the averaged gradient,
     before clipping), critic_clipped / policy_clipped (1 when the global-norm clip
     acted; its mean over updates is the clip fraction), dqda_norm (mean per-sample
-    |dQ/da| before its clip), dqda_clip_fraction, edge_mass (projected target mass on
+    |dQ/da| before its clip), dqda_clip_fraction, policy_saturation (fraction of action
+    dimensions whose pre-tanh |x| > 3, where tanh' < 0.01: near 1 for many updates means
+    a saturated policy), preactivation_penalty (its loss term, 0 when off),
+    edge_mass (projected target mass on
     the two edge atoms), beyond_support_mass (target mass clipped onto them),
     n_step_return_max / _min, and every ~100 updates samples_per_insert (sampled /
     inserted items since the last reading, from Reverb's table info; needs a replay
@@ -317,7 +322,13 @@ class D4PGLearner(core.Learner):
         # per-sample dQ/da clipped (Acme), i.e. grad = -mean_b clip(dQ/da_b) da_b/dtheta.
         policy_embedding = tf.stop_gradient(embedding)
         with tf.GradientTape() as policy_tape:
-            dpg_action = online.policy(policy_embedding)
+            preactivation = online.policy.preactivation(policy_embedding)
+            dpg_action = online.policy.squash(preactivation)
+            penalty = tf.constant(0.0)
+            if config.policy_preactivation_penalty > 0:
+                penalty = losses.preactivation_penalty(
+                    preactivation, config.policy_preactivation_penalty
+                )
         with tf.GradientTape() as action_tape:
             action_tape.watch(dpg_action)
             q_values = online.critic.mean(online.critic(policy_embedding, dpg_action))
@@ -328,8 +339,13 @@ class D4PGLearner(core.Learner):
         if config.dqda_clipping > 0:
             dqda, dqda_clip_fraction = losses.clip_dqda(dqda, config.dqda_clipping)
         batch_size = tf.cast(tf.shape(q_values)[0], tf.float32)
+        # The DPG enters as an output gradient (clipped dQ/da), the penalty as a loss.
+        targets, output_gradients = [dpg_action], [-dqda / batch_size]
+        if config.policy_preactivation_penalty > 0:
+            targets.append(penalty)
+            output_gradients.append(tf.ones_like(penalty))
         policy_grads = policy_tape.gradient(
-            dpg_action, online.policy_variables(), output_gradients=-dqda / batch_size
+            targets, online.policy_variables(), output_gradients=output_gradients
         )
         policy_loss = losses.dpg_loss(q_values)
 
@@ -339,6 +355,8 @@ class D4PGLearner(core.Learner):
             "q_mean": tf.reduce_mean(q_values),
             "dqda_norm": dqda_norm,
             "dqda_clip_fraction": dqda_clip_fraction,
+            "policy_saturation": losses.saturated_fraction(preactivation),
+            "preactivation_penalty": penalty,
             **losses.support_diagnostics(
                 batch.reward, batch.discount, target_logits, projected, support
             ),

@@ -160,3 +160,22 @@ def dpg_loss(q_values: tf.Tensor) -> tf.Tensor:
     (`clip_dqda`), which equals the gradient of this loss when nothing is clipped.
     """
     return -tf.reduce_mean(q_values)
+
+
+# |x| beyond which tanh'(x) = 1 - tanh(x)^2 < 0.01: the policy gradient through the
+# squashing is then under 1% of dQ/da.
+SATURATION_THRESHOLD = 3.0
+
+
+def preactivation_penalty(preactivation: tf.Tensor, coefficient: float) -> tf.Tensor:
+    """coefficient * mean_b sum_a x_{b,a}^2 on the policy head's pre-tanh output x [B, A].
+
+    Summed over action dimensions and averaged over the batch, as the DPG term is, so its
+    per-element gradient 2 c x / B sits on the same scale as the DPG's dQ/da tanh'(x) / B.
+    """
+    return coefficient * tf.reduce_mean(tf.reduce_sum(tf.square(preactivation), axis=-1))
+
+
+def saturated_fraction(preactivation: tf.Tensor) -> tf.Tensor:
+    """Fraction of the pre-tanh outputs [B, A] with |x| > `SATURATION_THRESHOLD`."""
+    return tf.reduce_mean(tf.cast(tf.abs(preactivation) > SATURATION_THRESHOLD, tf.float32))

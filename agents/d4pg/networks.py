@@ -157,7 +157,16 @@ class Policy(snt.Module):
         self.head = snt.Linear(int(self._low.size), w_init=inits.policy_head, name="head")
 
     def __call__(self, embedding: tf.Tensor) -> tf.Tensor:
-        a = tf.tanh(self.head(self.mlp(embedding)))
+        return self.squash(self.preactivation(embedding))
+
+    def preactivation(self, embedding: tf.Tensor) -> tf.Tensor:
+        """The head's output before tanh: the learner penalises and monitors it, since
+        where |x| is large tanh'(x) ~ 0 and the policy gradient cannot move the action."""
+        return self.head(self.mlp(embedding))
+
+    def squash(self, preactivation: tf.Tensor) -> tf.Tensor:
+        """tanh, rescaled from [-1, 1] to the action bounds."""
+        a = tf.tanh(preactivation)
         return self._low + (a + 1.0) * 0.5 * (self._high - self._low)
 
     def ordered_variables(self) -> list[tf.Variable]:

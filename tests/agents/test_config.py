@@ -143,3 +143,14 @@ def test_a_config_saved_before_the_acme_options_keeps_its_behaviour():
         assert getattr(restored, key) == value
     # Keys the saved config has win over the fallbacks.
     assert D4PGConfig.from_saved({"network_init": "acme"}).network_init == "acme"
+
+
+def test_a_negative_preactivation_penalty_is_refused_with_what_is_valid():
+    with pytest.raises(ValueError, match=r"policy_preactivation_penalty must be >= 0 \(0: off\)"):
+        D4PGConfig.from_overrides({"policy_preactivation_penalty": "-1e-3"})
+    assert (
+        D4PGConfig.from_overrides(
+            {"policy_preactivation_penalty": "0"}
+        ).policy_preactivation_penalty
+        == 0
+    )

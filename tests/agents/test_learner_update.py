@@ -197,10 +197,13 @@ def _reference_update(config, online, target, data):
         dqda,
     )
     with tf.GradientTape() as tape:
-        actions = _policy(embedding, p_on)
+        preactivation = _mlp(embedding, p_on[:-2]) @ p_on[-2] + p_on[-1]
+        actions = tf.tanh(preactivation)
         surrogate = tf.reduce_mean(
             0.5 * tf.reduce_sum(tf.square(tf.stop_gradient(actions + clipped) - actions), -1)
         )
+        penalty = config.policy_preactivation_penalty * tf.reduce_sum(preactivation**2) / len(obs)
+        surrogate += penalty
     policy_grads = [g.numpy() for g in tape.gradient(surrogate, p_on)]
 
     def clip(grads):
@@ -222,6 +225,8 @@ def _reference_update(config, online, target, data):
         "critic_grad_norm": critic_norm,
         "policy_grad_norm": policy_norm,
         "dqda_clip_fraction": np.mean(norms > config.dqda_clipping),
+        "policy_saturation": np.mean(np.abs(preactivation.numpy()) > 3.0),
+        "preactivation_penalty": penalty.numpy(),
         "edge_mass": np.mean(projected[:, 0] + projected[:, -1]),
         "beyond_support_mass": np.mean(np.sum(np.where(next_atoms_outside, next_probs, 0), -1)),
     }
@@ -254,16 +259,26 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("penalty", [0.0, 0.05], ids=["dpg", "dpg+penalty"])
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
 @pytest.mark.parametrize("observations", sorted(CASES))
-def test_one_update_matches_the_independent_reference(observations, jit_compile):
-    """An update with online != target networks, as the learner runs it (XLA included)."""
+def test_one_update_matches_the_independent_reference(observations, jit_compile, penalty):
+    """An update with online != target networks, as the learner runs it (XLA included),
+    with and without the pre-tanh penalty on the policy."""
     spec, overrides, make_data = CASES[observations]
-    overrides = {**overrides, "jit_compile": jit_compile}
+    overrides = {
+        **overrides,
+        "jit_compile": jit_compile,
+        "policy_preactivation_penalty": penalty,
+    }
     data = make_data()
     config = D4PGConfig.from_overrides({**BASE, **overrides})
     shapes = networks.make_networks(config, spec).all_variables()
     online, target = _random_arrays(shapes, seed=1), _random_arrays(shapes, seed=2)
+    n_torso = len(_split(online, config)[0])
+    # Policy head biases at the edge of saturation: some samples' pre-tanh outputs
+    # cross |x| = 3 and some do not, and the penalty's gradient is large there.
+    online[n_torso + 7] = np.array([3.0, -3.0], np.float32)
     # Pick dqda_clipping between the smallest and largest per-sample |dQ/da| so that the
     # clip acts on some samples and not others; max_gradient_norm so the critic is clipped.
     _, _, _, norms = _reference_update(config, online, target, data)
@@ -288,6 +303,7 @@ def test_one_update_matches_the_independent_reference(observations, jit_compile)
     for key, value in expected.items():
         assert metrics[key] == pytest.approx(value, rel=RTOL, abs=ATOL), key
     assert 0 < metrics["dqda_clip_fraction"] < 1
+    assert 0 < metrics["policy_saturation"] < 1  # Some saturated outputs, some not.
     assert metrics["critic_clipped"] == 1.0 and expected["critic_grad_norm"] > 0.5
     assert metrics["beyond_support_mass"] > 0 and metrics["edge_mass"] > 0
     for group in ("policy", "critic"):
