@@ -370,3 +370,29 @@ def test_same_seed_same_networks_different_seed_different():
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
     assert any(not np.array_equal(a, b) for a, b in zip(first, other))
+
+
+@pytest.mark.parametrize("penalty", [0.0, 1e-3], ids=["no-penalty", "penalty"])
+def test_the_preactivation_penalty_brings_a_saturated_policy_back(penalty):
+    """A policy whose tanh is saturated (pre-tanh ~ +-20: tanh' ~ 1e-17) gets no DPG
+    gradient, so Adam never moves it; the penalty's gradient 2cx does, until the
+    outputs leave saturation. This is the failure seen in the README's cartpole run."""
+    data = _data(seed=4)
+    learner = _learner(
+        {"policy_preactivation_penalty": penalty, "policy_lr": 0.05, "updates_per_call": 25},
+        data,
+    )
+    nets = learner.networks
+    nets.policy.head.b.assign([20.0, -20.0])
+
+    def smallest_preactivation() -> float:
+        x = nets.policy.preactivation(nets.torso(tf.constant(data.observation)))
+        return float(tf.reduce_min(tf.abs(x)))
+
+    assert smallest_preactivation() > 10
+    for _ in range(8):
+        metrics = learner.step()
+    if penalty:
+        assert smallest_preactivation() < 3 and metrics["policy_saturation"] < 1
+    else:  # Stuck for good without the penalty.
+        assert smallest_preactivation() > 10 and metrics["policy_saturation"] == 1
