@@ -193,6 +193,22 @@ def _candidate_vs_default_text(candidate: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _penalty_text(data: Mapping[str, Any]) -> str:
+    """Actor steps to 800 per seed, without and with the penalty, and each side's median."""
+
+    def side(result: Mapping[str, Any]) -> str:
+        d = result["distributed"]
+        steps = ", ".join(
+            f"{r['actor_steps_to_target'] / 1000:.0f}k" if r["reached"] else "missed"
+            for r in d["runs"].values()
+        )
+        median = d["median_actor_steps_to_target"]
+        median_text = f"{median / 1000:.0f}k" if median is not None else "not reached"
+        return f"median {median_text} ({steps}; {d['seeds_reached']} of {len(d['seeds'])})"
+
+    return f"{side(data['with_penalty'])} vs {side(data['without_penalty'])}"
+
+
 def _chaos_row(result: str, description: str) -> Row:
     """A `launch_chaos` run: its checks, its faults and how long it took."""
     return Row(
@@ -485,6 +501,23 @@ ROWS: tuple[Row, ...] = (
                 for r in d["distributed"]["runs"].values()
             ),
         },
+    ),
+    Row(
+        "agents_learning_suite_penalty1e-3.json",
+        "`agents_learning_suite --seeds 0 --steps 100000 "
+        "--launch-flag=--config.policy_preactivation_penalty=1e-3` (five tasks; cartpole is the "
+        "row below): the quick preset's pre-activation penalty vs the preset before it, seed 0 "
+        "only, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": _candidate_vs_default_text},
+    ),
+    Row(
+        "launch_time_to_score_penalty.json",
+        "`launch_time_to_score --seeds 3,4,5,6,7`: actor steps to eval return 800 of the "
+        "README's command with the quick preset's `policy_preactivation_penalty` 1e-3 vs "
+        "without it (the preset before), one launch at a time",
+        "{text}",
+        derived={"text": _penalty_text},
     ),
     Row(
         "agents_quick_preset_sweep.json",

@@ -59,6 +59,10 @@ RESUMABLE_CONFIG_KEYS = frozenset(
 # eval return 800 on cartpole:swingup, 3 seeds per candidate): Adam 1e-3 with 32 samples
 # per insert reached 800 at 40k-60k actor steps on 3 of 3 seeds; the former 3e-4 with 16
 # took 133k-200k+ and missed on one seed; 1e-3 with 16 also missed on one.
+# At Adam 1e-3 a policy can saturate for good (a README run acted one constant action for
+# 100k steps: pre-tanh ~50, policy_grad_norm 0); the pre-activation penalty 1e-3 pulls it
+# back and reached 800 sooner on 5 seeds (median 45k vs 66k actor steps,
+# benchmarks/results/launch_time_to_score_penalty.json; docs/d4pg.md).
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     "quick": {
@@ -71,6 +75,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "publish_period": 10,
         "policy_lr": 1e-3,
         "critic_lr": 1e-3,
+        "policy_preactivation_penalty": 1e-3,
     },
 }
 # Default actor-step budget of `replicator launch d4pg`. With the quick preset, the

@@ -315,8 +315,12 @@ def test_show_config_prints_effective_flags(capsys):
     lines = capsys.readouterr().out.split()
     assert "--config.sigma=0.2" in lines and "--config.policy_layers=64,64" in lines
     assert "--config.transitions_per_item=16" in lines  # Resolved, as the run stores it.
+    # The quick preset guards against a saturated policy; the paper preset is Acme's.
+    assert "--config.policy_preactivation_penalty=0.001" in lines
     assert cli.main(["launch", "d4pg", "--preset", "paper", "--show-config"]) == 0
-    assert "--config.policy_layers=256,256,256" in capsys.readouterr().out.split()
+    paper = capsys.readouterr().out.split()
+    assert "--config.policy_layers=256,256,256" in paper
+    assert "--config.policy_preactivation_penalty=0.0" in paper
 
 
 def test_gpu_spec_without_gpus(tmp_path, capsys, monkeypatch):
