@@ -60,9 +60,9 @@ RESUMABLE_CONFIG_KEYS = frozenset(
 # per insert reached 800 at 40k-60k actor steps on 3 of 3 seeds; the former 3e-4 with 16
 # took 133k-200k+ and missed on one seed; 1e-3 with 16 also missed on one.
 # At Adam 1e-3 a policy can saturate for good (a README run acted one constant action for
-# 100k steps: pre-tanh ~50, policy_grad_norm 0); the pre-activation penalty 1e-3 pulls it
-# back and reached 800 sooner on 5 seeds (median 45k vs 66k actor steps,
-# benchmarks/results/launch_time_to_score_penalty.json; docs/d4pg.md).
+# 100k steps: pre-tanh ~50, policy_grad_norm 0; 3 of 14 runs missed 800). The
+# pre-activation penalty 1e-3 pulls such a policy back: 8 of 8 seeds reached 800, median
+# 46k actor steps (benchmarks/results/launch_time_to_score*.json; docs/d4pg.md).
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     "quick": {
