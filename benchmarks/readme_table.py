@@ -504,10 +504,10 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "agents_learning_suite_penalty1e-3.json",
-        "`agents_learning_suite --seeds 0 --steps 100000 "
+        "`agents_learning_suite --seeds 0,1 --steps 100000 "
         "--launch-flag=--config.policy_preactivation_penalty=1e-3` (five tasks; cartpole is the "
-        "row below): the quick preset's pre-activation penalty vs the preset before it, seed 0 "
-        "only, 10 episodes per evaluation",
+        "row below): the quick preset's pre-activation penalty vs the preset before it on the "
+        "same seeds, to 100k actor steps only, 10 episodes per evaluation",
         "{tasks}",
         derived={"tasks": _candidate_vs_default_text},
     ),
