@@ -71,10 +71,14 @@ def make_learner(
     *,
     rate_limiter_timeout_ms: int = -1,
     publish: bool = True,
+    publish_initial: bool = True,
 ) -> D4PGLearner:
     """A learner sampling from `replay_address` and publishing weights to it.
 
-    Publishes its initial weights immediately, so actors can start acting.
+    Publishes its initial weights immediately, so actors can start acting, unless
+    `publish_initial` is False: a caller that will `restore()` (which publishes the
+    restored weights) then publishes only if there was nothing to restore, so that
+    actors never pull the fresh initialisation in between.
     Call `restore()` to resume from `checkpoint_dir` (it republishes the weights).
     With `rate_limiter_timeout_ms >= 0`, `step()` raises `ReplayTimeoutError` when no batch
     could be sampled for that long (default: wait forever). With `publish=False` the
@@ -92,7 +96,7 @@ def make_learner(
         replay_client=reverb.Client(replay_address) if publish else None,
         checkpoint_dir=checkpoint_dir,
     )
-    if publish:
+    if publish and publish_initial:
         learner.publish_variables()
     return learner
 

@@ -221,8 +221,13 @@ def learner(
         checkpoints,
         rate_limiter_timeout_ms=1000 if workers == 1 else -1,
         publish=is_chief,
+        # The fresh initialisation is published only when there is nothing to restore:
+        # published first, actors could pull it before the restored weights replace it.
+        publish_initial=False,
     )
-    restored = agent.restore()
+    restored = agent.restore()  # Publishes the restored weights (the chief).
+    if is_chief and not restored:
+        agent.publish_variables()
     steps = agent.num_steps
     role = f"worker {worker_index} of {workers}{' (chief)' if is_chief else ''}, " * (workers > 1)
     ctx.log(

@@ -120,3 +120,36 @@ def _acting_shapes(config):
     from agents.d4pg import networks
 
     return networks.acting_variable_shapes(config, SPEC)
+
+
+@pytest.mark.parametrize("publish_initial", [False, True], ids=["to-restore", "fresh-first"])
+def test_a_learner_built_to_restore_lets_actors_pull_no_fresh_weights(tmp_path, publish_initial):
+    """Built with `publish_initial=False` (as the launch's learner node builds it), a
+    learner with a checkpoint leaves the params table to the weights it already holds
+    until `restore()` publishes the restored ones; built the other way, actors can pull
+    the fresh initialisation (version 0) in between."""
+    from agents.d4pg import builder  # pylint: disable=import-outside-toplevel
+
+    config = D4PGConfig.from_overrides({**CONFIG.to_dict(), "transitions_per_item": "1"})
+    server = make_replay_server(config, SPEC)
+    try:
+        address = f"localhost:{server.port}"
+        repl = replication.make("cpu")
+        first = builder.make_learner(config, SPEC, address, repl, str(tmp_path))
+        first._num_steps.assign(5)  # pylint: disable=protected-access
+        assert first.save()
+        first.publish_variables()
+        pulled = variables.VariableClient(reverb.Client(address))
+
+        second = builder.make_learner(
+            config, SPEC, address, repl, str(tmp_path), publish_initial=publish_initial
+        )
+        pulled.update(wait=True)
+        assert pulled.version == (5 if not publish_initial else 0)
+        assert second.restore()
+        pulled.update(wait=True)
+        assert pulled.version == 5
+        for got, want in zip(pulled.weights, first.acting_weights()):
+            np.testing.assert_array_equal(got, want)
+    finally:
+        server.stop()
