@@ -20,6 +20,11 @@ A killed launcher: on a cluster given by ``address`` the node actors are detache
 and watch the launcher's heartbeat, so they save and end their actors
 (`launch.runtime.ray_heartbeat`); a private local instance ends with the launcher,
 its nodes too, without a final save (`RayBackend.startup_note` says so).
+
+A lost Ray head (its GCS): Ray ends every process of the cluster a minute later, so
+the launcher and every node watch the GCS (`launch.runtime.ray_head_watch`); once it
+is lost, the nodes stop and save, and the launcher restarts nothing and says so
+(`RayBackend.fatal_condition`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from launch.runtime.context import FileSink
 from launch.runtime.errors import LaunchError, is_deterministic
 from launch.runtime.program import Node, Program
 from launch.runtime.ray_cluster import check_cluster, check_dependencies, code_runtime_env
+from launch.runtime.ray_head_watch import HeadWatch, current_gcs_address, head_lost_message
 from launch.runtime.ray_heartbeat import GRACE_S, NAMESPACE, Heartbeat
 from launch.runtime.ray_node import RayNode
 from launch.runtime.run_dir import RunDir, tail_lines
@@ -141,6 +147,10 @@ class RayHandle:
                 self._consume(self._ray.get(ref, timeout=10))
             except Exception:  # pylint: disable=broad-except
                 pass  # A dead actor's buffered lines are lost; its failure is reported anyway.
+        try:
+            self._ray.get(self.actor.ack_drained.remote(), timeout=10)
+        except Exception:  # pylint: disable=broad-except
+            pass  # A dead actor writes nothing again.
         self._ray.kill(self.actor)  # Frees its resources; a no-op if it is already dead.
 
     def request_stop(self) -> None:
@@ -245,6 +255,8 @@ class RayBackend:
         self._handles: list[RayHandle] = []
         self._run_tag = uuid.uuid4().hex[:8]  # Names this launch's actors in NAMESPACE.
         self._heartbeat: Heartbeat | None = None
+        self._head_watch: HeadWatch | None = None
+        self._head_lost: str | None = None
         self.startup_note = (
             ""
             if not self._owns_instance
@@ -259,9 +271,26 @@ class RayBackend:
         except LaunchError:
             self.close()
             raise
+        gcs = current_gcs_address()
+        self._head_watch = HeadWatch(gcs, self._on_head_lost) if gcs else None
         self._actor_class = ray.remote(RayNode)
         if self._detached:
             self._heartbeat = Heartbeat(lambda: [h.actor for h in list(self._handles) if h.alive()])
+
+    def _on_head_lost(self, silence: float) -> None:
+        relaunch = f"relaunch with --run-dir {self._run_dir.root}"
+        if self._owns_instance:  # The launcher's own Ray instance: a relaunch starts another.
+            how = f"{relaunch[0].upper()}{relaunch[1:]} to resume from those saves."
+        else:
+            how = (
+                f"Once a head is back (`ray start --head`), {relaunch} (and RAY_ADDRESS of "
+                "the new head if it moved) to resume from those saves."
+            )
+        self._head_lost = f"{head_lost_message(self._head_watch.address, silence)}. {how}"
+
+    def fatal_condition(self) -> str | None:
+        """The lost Ray head, once `HeadWatch` has seen it (`Supervisor` stops the run)."""
+        return self._head_lost
 
     def _actor(self, node: Node, attempt: int):
         res = node.resources
@@ -326,6 +355,8 @@ class RayBackend:
         return handle
 
     def close(self) -> None:
+        if self._head_watch is not None:
+            self._head_watch.close()
         if self._heartbeat is not None:
             self._heartbeat.close()
         for h in self._handles:

@@ -23,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from launch.runtime.ray_head_watch import current_gcs_address, gcs_answers
+
 # Silence after which a node asks whether its launcher is dead (`LauncherWatch`):
 # longer than most delays on a loaded machine (each costs one look-up in the cluster's
 # job table), short next to the stop timeouts that follow it.
@@ -115,10 +117,15 @@ def launcher_job_alive() -> bool | None:
     The GCS marks a driver's job dead as soon as the driver's process ends (its raylet
     sees the connection close), so this tells a late heartbeat from a dead launcher.
     `ray._private.state.jobs` is Ray's job table (private API, present in Ray 2.x);
-    on any error the answer is None and the silence alone decides.
+    on any error the answer is None and the silence alone decides. With the head lost,
+    that look-up would block on Ray's reconnection, so an unreachable GCS answers None
+    at once (`launch.runtime.ray_head_watch`).
     """
     import ray  # pylint: disable=import-outside-toplevel
 
+    gcs = current_gcs_address()
+    if gcs is None or not gcs_answers(gcs):
+        return None
     try:
         job = ray.get_runtime_context().get_job_id()
         for entry in ray._private.state.jobs():  # pylint: disable=protected-access

@@ -3,7 +3,9 @@
 A threaded actor: one thread runs the body (`run`), the others answer the launcher
 (`stop`, `drain` of the buffered metrics, logs and published values, `heartbeat`).
 A detached actor also watches its launcher (`launch.runtime.ray_heartbeat`) and, once
-the launcher is gone, stops, saves and ends itself.
+the launcher is gone, stops, saves and ends itself. Every node actor watches the Ray
+head (`launch.runtime.ray_head_watch`) and, once it is lost, stops and saves before Ray
+ends its process.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from launch.runtime.context import FileSink, NodeContext
 from launch.runtime.learner_group import reserve_ports
 from launch.runtime.program import GROUP_ADDRESSES, check_arguments, load_entry_point
+from launch.runtime.ray_head_watch import HeadWatch, current_gcs_address, head_lost_message
 from launch.runtime.ray_heartbeat import LauncherWatch, launcher_job_alive
 from launch.runtime.run_dir import RunDir, hold_nodes_lock
 
@@ -45,6 +48,7 @@ class RayNode:
         self._ctx: NodeContext | None = None
         self._body_done = threading.Event()
         self._nodes_lock: int | None = None
+        self._head_watch: HeadWatch | None = None
         self._watch = (
             LauncherWatch(grace, self._launcher_gone, launcher_job_alive) if grace > 0 else None
         )
@@ -162,13 +166,29 @@ class RayNode:
         node_id = ray.get_runtime_context().get_node_id()
         self._ctx = ctx
         ctx.log(f"running on {host} (Ray node {node_id}, pid {os.getpid()})")
+        gcs = current_gcs_address()
+        if gcs:
+            self._head_watch = HeadWatch(gcs, self._head_lost)
         try:
             fn = load_entry_point(spec["entry_point"])
             check_arguments(fn, ctx, spec["kwargs"])
             fn(ctx, **spec["kwargs"])
         finally:
             self._body_done.set()
+            if self._head_watch is not None:
+                self._head_watch.close()
         return "ok"
+
+    def _head_lost(self, silence: float) -> None:
+        """The Ray head is gone: Ray will end this process within a minute, so stop and save.
+
+        The body returns as after a stop request (learner and replay write their final
+        checkpoints); the launcher, if it lives, hears the same from its own watch and
+        restarts nothing. Nothing here calls the GCS, which would block.
+        """
+        if self._ctx is not None and self._head_watch is not None:
+            self._ctx.log(head_lost_message(self._head_watch.address, silence))
+        self._stop.set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -179,6 +199,13 @@ class RayNode:
             self._unacked = {"metrics": self._metrics, "logs": self._logs}
             self._metrics, self._logs = [], []
         return json.dumps(out)
+
+    def ack_drained(self) -> None:
+        """The launcher wrote what the last `drain` handed over: a later `_launcher_gone`
+        must not write it again (after a stop, its detached actor may outlive the launcher
+        when Ray cannot kill it, e.g. with the head lost)."""
+        with self._lock:
+            self._unacked = {"metrics": [], "logs": []}
 
     def pid(self) -> int:
         return os.getpid()

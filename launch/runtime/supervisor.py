@@ -63,6 +63,9 @@ class Backend(Protocol):
     def start(self, node: Node, kwargs: dict, attempt: int) -> NodeHandle: ...
     def close(self) -> None: ...
 
+    # Optional: `fatal_condition() -> str | None`, a failure of what the nodes run on
+    # that no restart can repair (the Ray head lost), as one line; the run then stops.
+
 
 @dataclasses.dataclass
 class Outcome:
@@ -221,8 +224,16 @@ class Supervisor:
 
     def _loop(self) -> None:
         next_tick = 0.0
+        fatal_condition = getattr(self._backend, "fatal_condition", lambda: None)
         while not self._stop.is_set():
             now = time.monotonic()
+            condition = fatal_condition()
+            if condition:
+                # Nothing can be restarted there: stop every node (they save) and say why.
+                self._fatal = condition
+                self._echo(f"[launch] {condition}")
+                self.request_stop("failed")
+                break
             self._collect_published()
             for state in self._states.values():
                 if self._stop.is_set():
