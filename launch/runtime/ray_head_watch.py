@@ -57,7 +57,7 @@ class HeadWatch:
       address: The GCS's ``HOST:PORT``.
       on_lost: Called once (in the watch thread) with the seconds since the last answer.
       grace: Seconds without an answer before the head counts as lost.
-      probe: Whether the GCS answers now (tests give their own).
+      interval: Seconds between two checks.
     """
 
     def __init__(
@@ -67,32 +67,22 @@ class HeadWatch:
         *,
         grace: float = HEAD_GRACE_S,
         interval: float = PROBE_INTERVAL_S,
-        probe: Callable[[str], bool] = gcs_answers,
     ):
         self.address = address
         self._on_lost = on_lost
         self._grace = grace
         self._interval = interval
-        self._probe = probe
         self._closed = threading.Event()
-        self._lost_after: float | None = None
-        self._thread = threading.Thread(target=self._run, name="ray-head-watch", daemon=True)
-        self._thread.start()
-
-    @property
-    def lost_after(self) -> float | None:
-        """Seconds of silence at which the head was taken for lost; None while it answers."""
-        return self._lost_after
+        threading.Thread(target=self._run, name="ray-head-watch", daemon=True).start()
 
     def _run(self) -> None:
         last_answer = time.monotonic()
         while not self._closed.wait(self._interval):
-            if self._probe(self.address):
+            if gcs_answers(self.address):
                 last_answer = time.monotonic()
                 continue
             silence = time.monotonic() - last_answer
             if silence >= self._grace:
-                self._lost_after = silence
                 self._on_lost(silence)
                 return
 
