@@ -512,6 +512,14 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
+        "agents_learning_suite_quick_200k.json",
+        "`agents_learning_suite --seeds 0,1,2` at 3dff693, today's quick preset (with the "
+        "penalty), the whole suite to 200k, stopped after the seeds listed (a session's time): "
+        "mean eval vs the stored suite (the preset before) on the same seeds",
+        "{tasks}",
+        derived={"tasks": _candidate_vs_default_text},
+    ),
+    Row(
         "launch_time_to_score_penalty.json",
         "`launch_time_to_score --seeds 3,4,5,6,7`: actor steps to eval return 800 of the "
         "README's command with the quick preset's `policy_preactivation_penalty` 1e-3 vs "
