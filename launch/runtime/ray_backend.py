@@ -35,13 +35,20 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
+from launch.runtime import ray_head_watch
 from launch.runtime.context import FileSink
 from launch.runtime.errors import LaunchError, is_deterministic
 from launch.runtime.program import Node, Program
 from launch.runtime.ray_cluster import check_cluster, check_dependencies, code_runtime_env
-from launch.runtime.ray_head_watch import HeadWatch, current_gcs_address, head_lost_message
+from launch.runtime.ray_head_watch import (
+    STOPPED_FOR_HEAD_LOSS,
+    HeadWatch,
+    current_gcs_address,
+    head_lost_message,
+)
 from launch.runtime.ray_heartbeat import GRACE_S, NAMESPACE, Heartbeat
 from launch.runtime.ray_node import RayNode
 from launch.runtime.run_dir import RunDir, tail_lines
@@ -93,8 +100,17 @@ def _check_reachable(address: str) -> None:
 class RayHandle:
     """One node actor and its `run` call."""
 
-    def __init__(self, ray, actor, run_ref, node: Node, run_dir: RunDir):
+    def __init__(
+        self,
+        ray,
+        actor,
+        run_ref,
+        node: Node,
+        run_dir: RunDir,
+        on_head_lost: Callable[[], None] = lambda: None,
+    ):
         self._ray = ray
+        self._on_head_lost = on_head_lost
         self.actor = actor
         self._run_ref = run_ref
         self._node = node
@@ -122,7 +138,8 @@ class RayHandle:
         if not ready:
             return None
         try:
-            self._ray.get(self._run_ref)
+            if self._ray.get(self._run_ref) == STOPPED_FOR_HEAD_LOSS:
+                self._on_head_lost()  # Before the supervisor judges this exit.
             exit_ = Exit(True)
         except self._ray.exceptions.RayActorError as e:
             exit_ = Exit(False, f"its Ray actor died: {str(e).splitlines()[0]}")
@@ -272,12 +289,20 @@ class RayBackend:
             self.close()
             raise
         gcs = current_gcs_address()
-        self._head_watch = HeadWatch(gcs, self._on_head_lost) if gcs else None
+        if gcs:
+            self._head_watch = HeadWatch(gcs, self._on_head_lost, grace=ray_head_watch.HEAD_GRACE_S)
         self._actor_class = ray.remote(RayNode)
         if self._detached:
             self._heartbeat = Heartbeat(lambda: [h.actor for h in list(self._handles) if h.alive()])
 
-    def _on_head_lost(self, silence: float) -> None:
+    def _on_head_lost(self, silence: float | None = None) -> None:
+        """From the launcher's own watch, or from a node that stopped for the head's loss
+        first (its `run` said so; `silence` unknown, so the watch's grace is quoted)."""
+        if self._head_lost is not None:
+            return
+        if silence is None:
+            silence = ray_head_watch.HEAD_GRACE_S
+        address = self._head_watch.address if self._head_watch else "?"
         relaunch = f"relaunch with --run-dir {self._run_dir.root}"
         if self._owns_instance:  # The launcher's own Ray instance: a relaunch starts another.
             how = f"{relaunch[0].upper()}{relaunch[1:]} to resume from those saves."
@@ -286,7 +311,7 @@ class RayBackend:
                 f"Once a head is back (`ray start --head`), {relaunch} (and RAY_ADDRESS of "
                 "the new head if it moved) to resume from those saves."
             )
-        self._head_lost = f"{head_lost_message(self._head_watch.address, silence)}. {how}"
+        self._head_lost = f"{head_lost_message(address, silence)}. {how}"
 
     def fatal_condition(self) -> str | None:
         """The lost Ray head, once `HeadWatch` has seen it (`Supervisor` stops the run)."""
@@ -350,6 +375,7 @@ class RayBackend:
             actor.run.remote(json.dumps(spec), *group_addresses),
             node,
             self._run_dir,
+            on_head_lost=self._on_head_lost,
         )
         self._handles.append(handle)
         return handle

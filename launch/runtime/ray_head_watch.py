@@ -28,6 +28,9 @@ PROBE_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 2.0
 # Ray's default `gcs_rpc_server_reconnect_timeout_s`: what the messages promise.
 RAY_GCS_RECONNECT_TIMEOUT_S = 60
+# What a node actor's `run` returns when it stopped because the head was lost: the
+# launcher may hear it before its own watch fires, and must not restart the node.
+STOPPED_FOR_HEAD_LOSS = "stopped: the Ray head is lost"
 
 
 def gcs_answers(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:

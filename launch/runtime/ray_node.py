@@ -20,7 +20,12 @@ from typing import Any
 from launch.runtime.context import FileSink, NodeContext
 from launch.runtime.learner_group import reserve_ports
 from launch.runtime.program import GROUP_ADDRESSES, check_arguments, load_entry_point
-from launch.runtime.ray_head_watch import HeadWatch, current_gcs_address, head_lost_message
+from launch.runtime.ray_head_watch import (
+    STOPPED_FOR_HEAD_LOSS,
+    HeadWatch,
+    current_gcs_address,
+    head_lost_message,
+)
 from launch.runtime.ray_heartbeat import LauncherWatch, launcher_job_alive
 from launch.runtime.run_dir import RunDir, hold_nodes_lock
 
@@ -49,6 +54,7 @@ class RayNode:
         self._body_done = threading.Event()
         self._nodes_lock: int | None = None
         self._head_watch: HeadWatch | None = None
+        self._stopped_for_head_loss = threading.Event()
         self._watch = (
             LauncherWatch(grace, self._launcher_gone, launcher_job_alive) if grace > 0 else None
         )
@@ -177,17 +183,19 @@ class RayNode:
             self._body_done.set()
             if self._head_watch is not None:
                 self._head_watch.close()
-        return "ok"
+        return STOPPED_FOR_HEAD_LOSS if self._stopped_for_head_loss.is_set() else "ok"
 
     def _head_lost(self, silence: float) -> None:
         """The Ray head is gone: Ray will end this process within a minute, so stop and save.
 
         The body returns as after a stop request (learner and replay write their final
-        checkpoints); the launcher, if it lives, hears the same from its own watch and
-        restarts nothing. Nothing here calls the GCS, which would block.
+        checkpoints), and `run` says why (`STOPPED_FOR_HEAD_LOSS`), so that a launcher
+        whose own watch has not fired yet restarts nothing. Nothing here calls the GCS,
+        which would block.
         """
         if self._ctx is not None and self._head_watch is not None:
             self._ctx.log(head_lost_message(self._head_watch.address, silence))
+        self._stopped_for_head_loss.set()
         self._stop.set()
 
     def stop(self) -> None:

@@ -224,15 +224,9 @@ class Supervisor:
 
     def _loop(self) -> None:
         next_tick = 0.0
-        fatal_condition = getattr(self._backend, "fatal_condition", lambda: None)
         while not self._stop.is_set():
             now = time.monotonic()
-            condition = fatal_condition()
-            if condition:
-                # Nothing can be restarted there: stop every node (they save) and say why.
-                self._fatal = condition
-                self._echo(f"[launch] {condition}")
-                self.request_stop("failed")
+            if self._stopped_for_fatal_condition():
                 break
             self._collect_published()
             for state in self._states.values():
@@ -252,6 +246,16 @@ class Supervisor:
                 if self._on_tick is not None and self._on_tick():
                     self.request_stop("finished")
             self._stop.wait(self._poll_interval)
+
+    def _stopped_for_fatal_condition(self) -> bool:
+        """Stops the run if the backend reports a failure no restart can repair (the Ray
+        head lost): every node is asked to stop (they save) and the reason is fatal."""
+        condition = getattr(self._backend, "fatal_condition", lambda: None)()
+        if condition and not self._stop.is_set():
+            self._fatal = condition
+            self._echo(f"[launch] {condition}")
+            self.request_stop("failed")
+        return bool(condition)
 
     def _collect_published(self) -> None:
         changed = set()
@@ -333,6 +337,9 @@ class Supervisor:
         if exit_.ok and state.node.may_finish:
             self._echo(f"[launch] {state.node.name} finished")
             state.done, state.handle = True, None
+            return
+        if exit_.ok and self._stopped_for_fatal_condition():
+            state.handle = None  # It stopped for that condition (and saved): not a failure.
             return
         if exit_.ok:
             exit_ = Exit(False, "returned without being asked to stop: a stop signal of its own?")

@@ -79,7 +79,11 @@ import sys
 from launch.runtime import launcher
 from launch.runtime.program import Node, Program
 
+from launch.runtime import ray_head_watch
+
 address, run_dir = sys.argv[1], sys.argv[2]
+if len(sys.argv) > 3:  # The launcher's own watch only (the nodes keep the default).
+    ray_head_watch.HEAD_GRACE_S = float(sys.argv[3])
 program = Program("head-loss", [
     Node("saver", "tests.launch.nodes:slow_saver", {"save_s": 1.0}),
     Node("counter", "tests.launch.nodes:counter"),
@@ -91,14 +95,15 @@ sys.exit(0 if outcome.reason == "finished" else 1)
 
 
 @contextlib.contextmanager
-def _headed_run(run_dir):
+def _headed_run(run_dir, launcher_grace=None):
     """The driver on a one-node cluster of its own; yields (launcher, gcs process) once the
     saver runs. The test process never connects to the cluster: Ray would end it too."""
     head = {"num_cpus": 4, "node_ip_address": "127.0.0.1", "include_dashboard": False}
     cluster = Cluster(initialize_head=True, head_node_args=head, shutdown_at_exit=False)
     out = open(run_dir + ".out", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, cluster.address, run_dir],
+        [sys.executable, "-c", DRIVER, cluster.address, run_dir]
+        + ([str(launcher_grace)] if launcher_grace else []),
         cwd=s.REPO,
         stdout=out,
         stderr=subprocess.STDOUT,
@@ -134,13 +139,16 @@ def _gone(pid):
 
 
 @pytest.mark.timeout(300)
-def test_a_lost_ray_head_lets_every_node_save_and_the_launcher_say_so(tmp_path):
+@pytest.mark.parametrize("launcher_grace", [None, 20.0], ids=["default", "nodes-first"])
+def test_a_lost_ray_head_lets_every_node_save_and_the_launcher_say_so(tmp_path, launcher_grace):
+    # "nodes-first": the launcher's own watch waits 20 s, so the nodes stop for the loss
+    # before it knows (as a loaded launcher may): their exits must not count as failures.
     run_dir = str(tmp_path / "run")
-    with _headed_run(run_dir) as (proc, gcs):
+    with _headed_run(run_dir, launcher_grace) as (proc, gcs):
         pid = _saver_pid(run_dir)
         gcs.send_signal(signal.SIGKILL)
         gcs.wait()
-        # The launcher ends by itself, well before Ray's 60 s deadline would end it.
+        # The launcher ends by itself, before Ray's 60 s deadline would end it.
         code = proc.wait(timeout=45)
         with open(run_dir + ".out") as f:
             out = f.read()
