@@ -289,7 +289,7 @@ class RayBackend:
             self.close()
             raise
         gcs = current_gcs_address()
-        if gcs:
+        if gcs:  # The grace is read now, not at import: a test driver slows this watch alone.
             self._head_watch = HeadWatch(gcs, self._on_head_lost, grace=ray_head_watch.HEAD_GRACE_S)
         self._actor_class = ray.remote(RayNode)
         if self._detached:
@@ -314,7 +314,8 @@ class RayBackend:
         self._head_lost = f"{head_lost_message(address, silence)}. {how}"
 
     def fatal_condition(self) -> str | None:
-        """The lost Ray head, once `HeadWatch` has seen it (`Supervisor` stops the run)."""
+        """The lost Ray head, once this launcher's `HeadWatch` or a node has seen it
+        (`Supervisor` then stops the run)."""
         return self._head_lost
 
     def _actor(self, node: Node, attempt: int):
