@@ -520,6 +520,15 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
+        "agents_learning_suite_penalty1e-4.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0 "
+        "--launch-flag=--config.policy_preactivation_penalty=1e-4` at 3dff693: a 10x weaker "
+        "penalty on the task the preset's 1e-3 trails on, mean eval vs the stored suite (no "
+        "penalty) on the same seed; the preset's 1e-3 gave 377 at 100k and 537 at 200k there",
+        "{tasks}",
+        derived={"tasks": _candidate_vs_default_text},
+    ),
+    Row(
         "launch_time_to_score_penalty.json",
         "`launch_time_to_score --seeds 3,4,5,6,7`: actor steps to eval return 800 of the "
         "README's command with the quick preset's `policy_preactivation_penalty` 1e-3 vs "
