@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -48,6 +47,7 @@ from launch.runtime.ray_head_watch import (
     HeadWatch,
     current_gcs_address,
     head_lost_message,
+    tcp_connect_error,
 )
 from launch.runtime.ray_heartbeat import GRACE_S, NAMESPACE, Heartbeat
 from launch.runtime.ray_node import RayNode
@@ -85,16 +85,14 @@ def _check_reachable(address: str) -> None:
             f"--ray-address {address!r} should look like HOST:PORT "
             "(e.g. 127.0.0.1:6379, as printed by `ray start --head`)."
         )
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
-            pass
-    except OSError as e:
+    error = tcp_connect_error(address, timeout=5)
+    if error is not None:
         raise LaunchError(
-            f"cannot reach a Ray cluster at {address} ({e.strerror or e}). Start one with "
-            f"`ray start --head --port={port}` on that machine, check the address, or omit "
-            "--ray-address to start a local Ray instance.",
+            f"cannot reach a Ray cluster at {address} ({error.strerror or error}). Start one "
+            f"with `ray start --head --port={port}` on that machine, check the address, or "
+            "omit --ray-address to start a local Ray instance.",
             exit_code=1,
-        ) from None
+        )
 
 
 class RayHandle:

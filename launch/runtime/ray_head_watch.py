@@ -33,14 +33,21 @@ RAY_GCS_RECONNECT_TIMEOUT_S = 60
 STOPPED_FOR_HEAD_LOSS = "stopped: the Ray head is lost"
 
 
-def gcs_answers(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether something accepts a TCP connection at `address` (``HOST:PORT``)."""
+def tcp_connect_error(address: str, timeout: float) -> OSError | None:
+    """Why nothing accepts a TCP connection at `address` (``HOST:PORT``); None if it does."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            return True
-    except (OSError, ValueError):
-        return False
+            return None
+    except OSError as e:
+        return e
+    except ValueError as e:  # Not a port number.
+        return OSError(str(e))
+
+
+def gcs_answers(address: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether something accepts a TCP connection at `address` (``HOST:PORT``)."""
+    return tcp_connect_error(address, timeout) is None
 
 
 def current_gcs_address() -> str | None:

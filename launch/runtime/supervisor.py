@@ -153,6 +153,8 @@ class Supervisor:
         self._stop_reason = "interrupted"
         self._stop_failures: list[str] = []
         self._signals = 0  # Stop signals the user sent (see `_install_signal_handlers`).
+        # Optional on a backend (see `Backend`): None means no such condition.
+        self._fatal_condition = getattr(backend, "fatal_condition", lambda: None)
 
     # Control from other threads or signal handlers.
     def request_stop(self, reason: str = "interrupted") -> None:
@@ -250,7 +252,7 @@ class Supervisor:
     def _stopped_for_fatal_condition(self) -> bool:
         """Stops the run if the backend reports a failure no restart can repair (the Ray
         head lost): every node is asked to stop (they save) and the reason is fatal."""
-        condition = getattr(self._backend, "fatal_condition", lambda: None)()
+        condition = self._fatal_condition()
         if condition and not self._stop.is_set():
             self._fatal = condition
             self._echo(f"[launch] {condition}")
