@@ -8,13 +8,27 @@ any test module touches TensorFlow. Any test in this process may then call
 
 import os
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import replication
-
 LOGICAL_CPUS = 4
-replication.ensure_logical_cpus(LOGICAL_CPUS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Creates the logical CPUs in every process that runs tests.
+
+    Under pytest-xdist the controller runs none, so it skips TensorFlow's start-up.
+    """
+    is_xdist_controller = bool(getattr(config.option, "numprocesses", None)) and not hasattr(
+        config, "workerinput"
+    )
+    if is_xdist_controller:
+        return
+    import replication
+
+    replication.ensure_logical_cpus(LOGICAL_CPUS)
 
 
 # Test modules that start a Ray cluster. Ray writes the address of the newest local cluster
@@ -30,9 +44,7 @@ RAY_CLUSTER_MODULES = frozenset(
 )
 
 
-def pytest_collection_modifyitems(config, items):
-    import pytest
-
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in RAY_CLUSTER_MODULES:
             item.add_marker(pytest.mark.xdist_group("ray"))
