@@ -521,10 +521,12 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "agents_learning_suite_penalty1e-4.json",
-        "`agents_learning_suite --tasks finger:spin --seeds 0 "
-        "--launch-flag=--config.policy_preactivation_penalty=1e-4` at 3dff693: a 10x weaker "
-        "penalty on the task the preset's 1e-3 trails on, mean eval vs the stored suite (no "
-        "penalty) on the same seed; the preset's 1e-3 gave 377 at 100k and 537 at 200k there",
+        "`agents_learning_suite --tasks finger:spin,walker:walk --seeds 0,1,2 "
+        "--launch-flag=--config.policy_preactivation_penalty=1e-4` at 565c13a (finger:spin "
+        "seed 0 at 3dff693, the same agent): a 10x weaker penalty on the tasks the preset's "
+        "1e-3 trails on, mean eval vs the stored suite (no penalty) on the same seeds; the "
+        "preset's 1e-3 gave 377 / 537 at 100k / 200k on finger:spin seed 0 and 422 / 843 on "
+        "walker:walk seeds 0, 1",
         "{tasks}",
         derived={"tasks": _candidate_vs_default_text},
     ),
@@ -535,6 +537,25 @@ ROWS: tuple[Row, ...] = (
         "without it (the preset before), one launch at a time",
         "{text}",
         derived={"text": _penalty_text},
+    ),
+    Row(
+        "launch_time_to_score_penalty1e-4.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5,6,7 "
+        "--launch-flag=--config.policy_preactivation_penalty=1e-4`: actor steps to eval return "
+        "800 of the README's command with a 10x weaker penalty than the quick preset's 1e-3, "
+        "which took 70k, 80k, 46k (seeds 0-2) and 46k, 40k, 36k, 45k, 51k (seeds 3-7; median "
+        "46k, 8 of 8); two launches shared the machine, which does not change steps",
+        "median {steps_k|.0f}k ({per_seed}; {distributed/seeds_reached} of {seeds})",
+        derived={
+            "steps_k": lambda d: (d["distributed"]["median_actor_steps_to_target"] or 0) / 1000,
+            "seeds": lambda d: len(d["distributed"]["seeds"]),
+            "per_seed": lambda d: ", ".join(
+                f"{r['actor_steps_to_target'] / 1000:.0f}k"
+                if r["reached"]
+                else f"missed (best {r['best_eval_return']:.0f})"
+                for r in d["distributed"]["runs"].values()
+            ),
+        },
     ),
     Row(
         "agents_quick_preset_sweep.json",
