@@ -193,20 +193,23 @@ def _candidate_vs_default_text(candidate: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _steps_to_target_text(result: Mapping[str, Any]) -> str:
+    """A `launch_time_to_score` result: median and per-seed actor steps to the target."""
+    d = result["distributed"]
+    steps = ", ".join(
+        f"{r['actor_steps_to_target'] / 1000:.0f}k"
+        if r["reached"]
+        else f"missed (best {r['best_eval_return']:.0f})"
+        for r in d["runs"].values()
+    )
+    median = d["median_actor_steps_to_target"]
+    median_text = f"{median / 1000:.0f}k" if median is not None else "not reached"
+    return f"median {median_text} ({steps}; {d['seeds_reached']} of {len(d['seeds'])})"
+
+
 def _penalty_text(data: Mapping[str, Any]) -> str:
     """Actor steps to 800 per seed, without and with the penalty, and each side's median."""
-
-    def side(result: Mapping[str, Any]) -> str:
-        d = result["distributed"]
-        steps = ", ".join(
-            f"{r['actor_steps_to_target'] / 1000:.0f}k" if r["reached"] else "missed"
-            for r in d["runs"].values()
-        )
-        median = d["median_actor_steps_to_target"]
-        median_text = f"{median / 1000:.0f}k" if median is not None else "not reached"
-        return f"median {median_text} ({steps}; {d['seeds_reached']} of {len(d['seeds'])})"
-
-    return f"{side(data['with_penalty'])} vs {side(data['without_penalty'])}"
+    return f"{_steps_to_target_text(data['with_penalty'])} vs {_steps_to_target_text(data['without_penalty'])}"
 
 
 def _chaos_row(result: str, description: str) -> Row:
@@ -546,17 +549,8 @@ ROWS: tuple[Row, ...] = (
         "which took 70k, 80k, 46k (seeds 0-2) and 46k, 40k, 36k, 45k, 51k (seeds 3-7; median "
         "46k, 8 of 8); two launches shared the machine, which does not change steps; a miss "
         "counts as the 100k budget in the median",
-        "median {steps_k|.0f}k ({per_seed}; {distributed/seeds_reached} of {seeds})",
-        derived={
-            "steps_k": lambda d: (d["distributed"]["median_actor_steps_to_target"] or 0) / 1000,
-            "seeds": lambda d: len(d["distributed"]["seeds"]),
-            "per_seed": lambda d: ", ".join(
-                f"{r['actor_steps_to_target'] / 1000:.0f}k"
-                if r["reached"]
-                else f"missed (best {r['best_eval_return']:.0f})"
-                for r in d["distributed"]["runs"].values()
-            ),
-        },
+        "{text}",
+        derived={"text": _steps_to_target_text},
     ),
     Row(
         "agents_quick_preset_sweep.json",
