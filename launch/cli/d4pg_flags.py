@@ -137,8 +137,17 @@ def add_flags(d4pg: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="policy snapshots (RUN/snapshots/step_N, written with each learner checkpoint) "
+        help="policy snapshots (RUN/snapshots/step_N, written with a learner checkpoint) "
         f"to keep (default: {defaults.keep_snapshots}{own})",
+    )
+    d4pg.add_argument(
+        "--snapshot-every",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="write a policy snapshot with the first learner checkpoint this long after the "
+        "last one, and with the final checkpoint "
+        f"(default: {defaults.learner_snapshot_every_s:g}{own})",
     )
     d4pg.add_argument(
         "--eval-episodes",
@@ -266,6 +275,8 @@ def resolve(raw_args, overrides: dict[str, str]):
         raise LaunchError("--eval-every-steps must be at least 1.")
     if args.eval_every is not None and args.eval_every <= 0:
         raise LaunchError("--eval-every must be a positive number of seconds.")
+    if args.snapshot_every <= 0:
+        raise LaunchError("--snapshot-every must be a positive number of seconds.")
     if args.keep_snapshots < 1:
         raise LaunchError("--keep-snapshots must be at least 1.")
     if not 0 <= args.replay_port <= 65535:
@@ -346,6 +357,7 @@ def resolve(raw_args, overrides: dict[str, str]):
         if args.eval_every is not None
         else (args.eval_every_steps or max(1000, args.steps // 20)),
         keep_snapshots=args.keep_snapshots,
+        learner_snapshot_every_s=args.snapshot_every,
         eval_episodes=args.eval_episodes,
         learner_workers=args.learner_workers,
         learner_gpus=learner_gpus,

@@ -43,6 +43,7 @@ def stored_flag_defaults() -> dict[str, Any]:
         "eval_every_steps": None,
         "eval_episodes": d.eval_episodes,
         "keep_snapshots": d.keep_snapshots,
+        "snapshot_every": d.learner_snapshot_every_s,
         "checkpoint_every": d.learner_checkpoint_every_steps,
         "replay_checkpoint_every": d.replay_checkpoint_every_s,
         "learner_stall_timeout": d.learner_stall_timeout_s,
@@ -74,6 +75,7 @@ _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "eval_every": _NUMBER,
     "eval_every_steps": (int,),
     "replay_checkpoint_every": _NUMBER,
+    "snapshot_every": _NUMBER,
     "restart_window": _NUMBER,
     "learner_stall_timeout": _NUMBER,
 }

@@ -97,6 +97,8 @@ class D4PGProgramSettings:
       replay_port: Port of the replay server (0: any free port).
       learner_checkpoint_every_steps: Learner checkpoint period in updates...
       learner_checkpoint_every_s: ...or in seconds, whichever comes first.
+      learner_snapshot_every_s: A learner checkpoint at least this many seconds after
+        the last policy snapshot also writes one (and the last checkpoint always does).
       replay_checkpoint_every_s: Replay checkpoint period: what a replay crash may lose
         (see docs/fault-tolerance.md for its cost).
       eval_every_s: Seconds between evaluations (each of `eval_episodes` episodes), used
@@ -125,6 +127,7 @@ class D4PGProgramSettings:
     replay_port: int = 0
     learner_checkpoint_every_steps: int = 1000
     learner_checkpoint_every_s: float = 120.0
+    learner_snapshot_every_s: float = 60.0
     replay_checkpoint_every_s: float = 120.0
     eval_every_s: float = 20.0
     eval_every_steps: int | None = None
@@ -191,6 +194,7 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 "replicas": settings.learner_replicas,
                 "checkpoint_every_steps": settings.learner_checkpoint_every_steps,
                 "checkpoint_every_s": settings.learner_checkpoint_every_s,
+                "snapshot_every_s": settings.learner_snapshot_every_s,
                 "report_every_s": settings.report_every_s,
                 "keep_snapshots": settings.keep_snapshots,
                 **({"worker_index": index} if group else {}),

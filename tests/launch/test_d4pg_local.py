@@ -1,7 +1,9 @@
 """Distributed D4PG on the local backend: real processes, Reverb, dm-control; faults.
 
 One scenario (process start-up dominates the cost on 2 cores): run, check learning
-plumbing, kill -9 an actor, kill -9 the learner, stop, relaunch the same run dir.
+plumbing, kill -9 an actor, kill -9 the learner, stop, relaunch the same run dir. Policy
+snapshots ride on learner checkpoints only once per `learner_snapshot_every_s`: an hour in
+the first launch (only the final checkpoint writes one), every checkpoint in the relaunch.
 """
 
 import os
@@ -12,6 +14,7 @@ import time
 import psutil
 import pytest
 
+from launch.d4pg import snapshots
 from tests.launch import d4pg_support as s
 
 pytestmark = pytest.mark.timeout(600)
@@ -42,7 +45,7 @@ def _restored_step(run_dir, after=0):
 def test_local_d4pg_runs_survives_kills_and_resumes(tmp_path):
     run_dir = str(tmp_path / "run")
     me = psutil.Process()
-    bg = s.Background(s.tiny_program(num_actors=2), run_dir)
+    bg = s.Background(s.tiny_program(num_actors=2, learner_snapshot_every_s=3600.0), run_dir)
     sup = bg.supervisor
 
     # Nodes are separate processes, each its own process group.
@@ -101,12 +104,14 @@ def test_local_d4pg_runs_survives_kills_and_resumes(tmp_path):
     replay_size = s.gauge(run_dir, "replay_size", "replay")
     assert final_steps >= restored and replay_size > 0
     assert "final replay checkpoint" in s.log_text(run_dir, "replay")
+    # Checkpoints every 50 updates, but within the hour only the final one wrote a snapshot.
+    assert snapshots.kept_steps(run_dir) == [final_steps]
 
     # Relaunch with the same run dir: learner steps, weights and replay continue.
     episodes_before = len(s.records(run_dir, "actor_0", "episode"))
     log_offset = len(s.log_text(run_dir, "learner"))
     replay_offset = len(s.log_text(run_dir, "replay"))
-    bg = s.Background(s.tiny_program(num_actors=1), run_dir)
+    bg = s.Background(s.tiny_program(num_actors=1, learner_snapshot_every_s=1e-3), run_dir)
     assert (
         s.wait_for(
             lambda: _restored_step(run_dir, log_offset), 180, "the relaunched learner to restore"
@@ -128,6 +133,12 @@ def test_local_d4pg_runs_survives_kills_and_resumes(tmp_path):
         "an episode of the relaunched actor_0",
     )
     assert new_episodes[0]["weights_version"] >= final_steps
+    # A period shorter than the checkpoints': a snapshot with a checkpoint before the stop.
+    s.wait_for(
+        lambda: max(snapshots.kept_steps(run_dir)) > final_steps,
+        120,
+        "a snapshot written with a learner checkpoint of the relaunch",
+    )
     outcome = bg.stop()
     assert outcome.progress.totals["actor_steps"] > 0
     assert not me.children(recursive=True)

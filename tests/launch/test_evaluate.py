@@ -294,6 +294,10 @@ def test_evaluation_schedule_flags(tmp_path, capsys):
     assert "not both" in _error(capsys)
     assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--keep-snapshots", "0"]) == 2
     assert "--keep-snapshots must be at least 1" in _error(capsys)
+    assert _settings(tmp_path=tmp_path).learner_snapshot_every_s == 60.0
+    assert _settings("--snapshot-every", "5", tmp_path=tmp_path).learner_snapshot_every_s == 5.0
+    assert cli.main(["launch", "d4pg", "--run-dir", run_dir, "--snapshot-every", "0"]) == 2
+    assert "--snapshot-every must be a positive number of seconds" in _error(capsys)
     assert not os.path.exists(run_dir)
 
 
