@@ -131,10 +131,16 @@ def _kills_text(kills: list[Mapping[str, Any]]) -> str:
     return f"{len(kills)} faults: {victims}; {ranked(signals)}"
 
 
+SUITE_RESULT = "agents_learning_suite.json"
+# The same suite before the quick preset had `policy_preactivation_penalty`: the baseline
+# of the rows that compared other settings with it.
+NO_PENALTY_SUITE_RESULT = "agents_learning_suite_no_penalty.json"
+
+
 def _layout_suite_text(one_per_item: Mapping[str, Any]) -> str:
     """Per task: the default layout's (16 per item) mean return at 100k and 200k against
     one transition per item (with the range of its seeds)."""
-    default = json.loads((RESULTS / SUITE_RESULT).read_text(encoding="utf-8"))
+    default = json.loads((RESULTS / NO_PENALTY_SUITE_RESULT).read_text(encoding="utf-8"))
 
     def at(summary: Mapping[str, Any] | None, steps: str, spread: bool = False) -> str:
         point = (summary or {}).get("at_steps", {}).get(steps)
@@ -168,9 +174,9 @@ def _nearest_evaluation(curve: list, at_steps: int) -> float | None:
 
 
 def _candidate_vs_default_text(candidate: Mapping[str, Any]) -> str:
-    """Per task: a candidate setting's suite runs against the default on the same seeds (the
-    default's suite runs of those seeds), at 100k and 200k actor steps."""
-    default = json.loads((RESULTS / SUITE_RESULT).read_text(encoding="utf-8"))["runs"]
+    """Per task: a candidate setting's suite runs against the preset before the penalty on
+    the same seeds (its suite runs of those seeds), at 100k and 200k actor steps."""
+    default = json.loads((RESULTS / NO_PENALTY_SUITE_RESULT).read_text(encoding="utf-8"))["runs"]
 
     def mean(values: list[float | None]) -> str:
         # "-" unless every seed has an evaluation there: a mean over fewer would not compare.
@@ -463,7 +469,8 @@ ROWS: tuple[Row, ...] = (
         "`agents_learning_suite --launch-flag=--config.transitions_per_item=1`: mean eval "
         "return of the default layout (16 transitions per item) vs 1 per item (Acme's layout "
         "and our default before: mean and range of its seeds), and minutes per run (two runs "
-        "at a time in both; the 1-per-item runs also shared the machine with other work)",
+        "at a time in both; the 1-per-item runs also shared the machine with other work); "
+        "both without the pre-activation penalty (`agents_learning_suite_no_penalty.json`)",
         "{tasks}",
         derived={"tasks": _layout_suite_text},
     ),
@@ -471,16 +478,18 @@ ROWS: tuple[Row, ...] = (
         "agents_learning_suite_acme.json",
         "`agents_learning_suite` with Acme's three options together "
         "(`--config.act_with_target_policy=true --config.network_init=acme "
-        "--config.short_transitions_from_first_state=true`): mean eval return vs the default on "
-        "the same seeds (the default's suite runs), 10 episodes per evaluation",
+        "--config.short_transitions_from_first_state=true`), without the penalty: mean eval return "
+        "vs the same preset without Acme's options on the same seeds "
+        "(`agents_learning_suite_no_penalty.json`), 10 episodes per evaluation",
         "{tasks}",
         derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
         "agents_learning_suite_policy_lr3e-4.json",
         "`agents_learning_suite --tasks ball_in_cup:catch --launch-flag=--config.policy_lr=0.0003`: "
-        "a slower policy (Adam 3e-4, default 1e-3) against the catch's evaluation dips: mean "
-        "eval return vs the default on the same seeds, 10 episodes per evaluation",
+        "a slower policy (Adam 3e-4, default 1e-3) against the catch's evaluation dips, "
+        "without the penalty: mean eval return vs the preset then on the same seeds, 10 "
+        "episodes per evaluation",
         "{tasks}",
         derived={"tasks": _candidate_vs_default_text},
     ),
@@ -509,35 +518,36 @@ ROWS: tuple[Row, ...] = (
         "agents_learning_suite_penalty1e-3.json",
         "`agents_learning_suite --seeds 0,1 --steps 100000 "
         "--launch-flag=--config.policy_preactivation_penalty=1e-3` (five tasks; cartpole is the "
-        "row below): the quick preset's pre-activation penalty vs the preset before it on the "
-        "same seeds, to 100k actor steps only, 10 episodes per evaluation",
+        "row below): the pre-activation penalty 1e-3 (the quick preset's from 2026-12-03 until "
+        "1e-4 replaced it) vs no penalty on the same seeds, to 100k actor steps only, 10 "
+        "episodes per evaluation",
         "{tasks}",
         derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
         "agents_learning_suite_quick_200k.json",
-        "`agents_learning_suite --seeds 0,1,2` at 3dff693, today's quick preset (with the "
-        "penalty), the whole suite to 200k, stopped after the seeds listed (a session's time): "
-        "mean eval vs the stored suite (the preset before) on the same seeds",
+        "`agents_learning_suite --seeds 0,1,2` at 3dff693, the quick preset with the penalty "
+        "1e-3, the whole suite to 200k, stopped after the seeds listed (a session's time): "
+        "mean eval vs no penalty (the preset before) on the same seeds",
         "{tasks}",
         derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
-        "agents_learning_suite_penalty1e-4.json",
-        "`agents_learning_suite --tasks finger:spin,walker:walk --seeds 0,1,2 "
-        "--launch-flag=--config.policy_preactivation_penalty=1e-4` at 565c13a (finger:spin "
-        "seed 0 at 3dff693, the same agent): a 10x weaker penalty on the tasks the preset's "
-        "1e-3 trails on, mean eval vs the stored suite (no penalty) on the same seeds; the "
-        "preset's 1e-3 gave 377 / 537 at 100k / 200k on finger:spin seed 0 and 422 / 843 on "
-        "walker:walk seeds 0, 1",
+        SUITE_RESULT,
+        "`agents_learning_suite --seeds 0,1,2 "
+        "--launch-flag=--config.policy_preactivation_penalty=1e-4` (finger:spin and "
+        "walker:walk at 565c13a, the rest at d2a2cf1: the same agent), the quick preset's "
+        "penalty since 2026-12-04 (the suite table below): mean eval vs no penalty (the preset "
+        "before the penalty) on the same seeds; the penalty 1e-3 gave 377 / 537 at 100k / 200k "
+        "on finger:spin seed 0 and 422 / 843 on walker:walk seeds 0, 1",
         "{tasks}",
         derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
         "launch_time_to_score_penalty.json",
         "`launch_time_to_score --seeds 3,4,5,6,7`: actor steps to eval return 800 of the "
-        "README's command with the quick preset's `policy_preactivation_penalty` 1e-3 vs "
-        "without it (the preset before), one launch at a time",
+        "README's command with `policy_preactivation_penalty` 1e-3 (the quick preset's on "
+        "2026-12-03) vs without it (the preset before), one launch at a time",
         "{text}",
         derived={"text": _penalty_text},
     ),
@@ -545,10 +555,11 @@ ROWS: tuple[Row, ...] = (
         "launch_time_to_score_penalty1e-4.json",
         "`launch_time_to_score --seeds 0,1,2,3,4,5,6,7 "
         "--launch-flag=--config.policy_preactivation_penalty=1e-4`: actor steps to eval return "
-        "800 of the README's command with a 10x weaker penalty than the quick preset's 1e-3, "
-        "which took 70k, 80k, 46k (seeds 0-2) and 46k, 40k, 36k, 45k, 51k (seeds 3-7; median "
-        "46k, 8 of 8); two launches shared the machine, which does not change steps; a miss "
-        "counts as the 100k budget in the median",
+        "800 of the README's command with the penalty 1e-4 (the quick preset's since "
+        "2026-12-04) at 565c13a, against 1e-3 (the preset's before), which took 70k, 80k, 46k "
+        "(seeds 0-2) and 46k, 40k, 36k, 45k, 51k (seeds 3-7; median 46k, 8 of 8); two launches "
+        "shared the machine, which does not change steps; a miss counts as the 100k budget in "
+        "the median",
         "{text}",
         derived={"text": _steps_to_target_text},
     ),
@@ -788,6 +799,7 @@ def uncovered(results: Path = RESULTS) -> list[str]:
     """Result files that no row reads."""
     covered = {row.result for row in ROWS} | {
         SUITE_RESULT,
+        NO_PENALTY_SUITE_RESULT,
         SUITE_LONG_RESULT,
         GPU_CHECK_RESULT,
         SNGAN_BATCHES_RESULT,
@@ -798,7 +810,6 @@ def uncovered(results: Path = RESULTS) -> list[str]:
 # bin/gpu-check's verdicts on a GPU machine: a check of that machine, not a benchmark row.
 GPU_CHECK_RESULT = "gpu_check.json"
 # The learning suite gets a table of its own: one row per task.
-SUITE_RESULT = "agents_learning_suite.json"
 # 500k-step runs of the slowest-to-plateau tasks: the suite script with --steps 500000.
 SUITE_LONG_RESULT = "agents_learning_suite_500k.json"
 SUITE_BEGIN = (
@@ -816,13 +827,21 @@ def _spread(stats: Mapping[str, Any] | None, digits: int = 0) -> str:
     )
 
 
-def _preset_summary(preset: dict | None) -> str:
-    """The tuned keys of a stored quick preset ("not recorded" for runs before it was)."""
+def _preset_summary(preset: dict | None, launch_flags: list[str] | None = None) -> str:
+    """The tuned keys of a stored quick preset as the runs used it, i.e. with the run's
+    `--config.KEY=VALUE` launch flags applied ("not recorded" for runs before it was)."""
     if not preset:
         return "not recorded"
+    used = dict(preset)
+    for flag in launch_flags or ():
+        key, _, value = flag.removeprefix("--config.").partition("=")
+        if flag.startswith("--config.") and isinstance(used.get(key), (int, float)):
+            used[key] = float(value)
+    penalty = used.get("policy_preactivation_penalty") or 0
     return (
-        f"samples_per_insert {preset['samples_per_insert']:g}, "
-        f"Adam {preset['policy_lr']:g} (policy) / {preset['critic_lr']:g} (critic)"
+        f"samples_per_insert {used['samples_per_insert']:g}, "
+        f"Adam {used['policy_lr']:g} (policy) / {used['critic_lr']:g} (critic)"
+        + (f", policy_preactivation_penalty {penalty:g}" if penalty else "")
     )
 
 
@@ -895,7 +914,7 @@ def render_suite(results: Path = RESULTS) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     presets = {
-        json.dumps(run.get("quick_preset"), sort_keys=True): run.get("quick_preset")
+        _preset_summary(run.get("quick_preset"), run.get("launch_flags"))
         for by_seed in data["runs"].values()
         for run in by_seed.values()
     }
@@ -907,9 +926,16 @@ def render_suite(results: Path = RESULTS) -> str:
         + " Steps to a return: the median over every seed, a seed that never got there "
         "counting as never (the count says how many did). Collapse: a run with an "
         "evaluation below half of its best after that best. Quick preset of the runs: "
-        + "; ".join(_preset_summary(p) for p in presets.values())
+        + "; ".join(sorted(presets))
         + "."
     )
+    if long:
+        long_presets = {
+            _preset_summary(run.get("quick_preset"), run.get("launch_flags"))
+            for by_seed in long["runs"].values()
+            for run in by_seed.values()
+        }
+        lines[-1] += f" The long runs' (500k): {'; '.join(sorted(long_presets))}."
     lines.append(SUITE_END)
     return "\n".join(lines)
 

@@ -372,7 +372,9 @@ def test_same_seed_same_networks_different_seed_different():
     assert any(not np.array_equal(a, b) for a, b in zip(first, other))
 
 
-@pytest.mark.parametrize("penalty", [0.0, 1e-3], ids=["no-penalty", "penalty"])
+@pytest.mark.parametrize(
+    "penalty", [0.0, 1e-4, 1e-3], ids=["no-penalty", "quick-preset-penalty", "penalty-1e-3"]
+)
 def test_the_preactivation_penalty_brings_a_saturated_policy_back(penalty):
     """A policy whose tanh is saturated (pre-tanh ~ +-20: tanh' ~ 1e-17) gets no DPG
     gradient, so Adam never moves it; the penalty's gradient 2cx does, until the

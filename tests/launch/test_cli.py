@@ -316,7 +316,7 @@ def test_show_config_prints_effective_flags(capsys):
     assert "--config.sigma=0.2" in lines and "--config.policy_layers=64,64" in lines
     assert "--config.transitions_per_item=16" in lines  # Resolved, as the run stores it.
     # The quick preset guards against a saturated policy; the paper preset is Acme's.
-    assert "--config.policy_preactivation_penalty=0.001" in lines
+    assert "--config.policy_preactivation_penalty=0.0001" in lines
     assert cli.main(["launch", "d4pg", "--preset", "paper", "--show-config"]) == 0
     paper = capsys.readouterr().out.split()
     assert "--config.policy_layers=256,256,256" in paper
