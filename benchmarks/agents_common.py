@@ -29,6 +29,35 @@ def child_env() -> dict:
     return env
 
 
+def fill_random_episodes(config, address: str, task: str, episodes: int) -> None:
+    """Random-action episodes of `task` into the replay at `address` through the builder's
+    adders, so the items have `config`'s layout (transitions per item). Publishes initial
+    weights first: the actor waits for them. Unflushed items arrive while learners
+    compile; they need min_replay_size only."""
+    import numpy as np
+    import reverb
+
+    import environments
+    from agents.d4pg import builder, networks, variables
+
+    env = environments.make(task, seed=0)
+    spec = environments.make_environment_spec(env)
+    variables.publish(
+        reverb.Client(address),
+        0,
+        [v.numpy() for v in networks.make_networks(config, spec).acting_variables()],
+    )
+    actor = builder.make_actor(config, spec, address, seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(episodes):
+        timestep = env.reset()
+        actor.observe_first(timestep)
+        while not timestep.last():
+            action = rng.uniform(-1, 1, spec.actions.shape).astype(np.float32)
+            timestep = env.step(action)
+            actor.observe(action, timestep)
+
+
 _SERVE = r"""
 import json, sys, time
 from agents.d4pg.config import D4PGConfig

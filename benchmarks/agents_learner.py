@@ -33,8 +33,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # The repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # agents_common.
 
-import numpy as np
-from agents_common import ReplayServerProcess, fixed_batch_input_fn, write_result
+from agents_common import (
+    ReplayServerProcess,
+    fill_random_episodes,
+    fixed_batch_input_fn,
+    write_result,
+)
 
 TASK = "cartpole:swingup"
 SIZES = {
@@ -131,34 +135,26 @@ def main() -> None:
     import replication
 
     repl = replication.make(args.replication)
-    import reverb
     import tensorflow as tf
 
     import environments
-    from agents.d4pg.adders import NStepTransitionAdder
     from agents.d4pg.config import D4PGConfig
     from agents.d4pg.learning import D4PGLearner, reverb_input_fn
 
     ks = [int(k) for k in args.ks.split(",")]
+    if 1 not in ks:
+        parser.error("--ks must include 1: the speedups and the breakdown are relative to K=1")
     env = environments.make(TASK, seed=0)
     spec = environments.make_environment_spec(env)
     obs_dim, act_dim = spec.observations.shape[0], spec.actions.shape[0]
-    rng = np.random.default_rng(0)
     peak = measured_matmul_flops()
     loads = [os.getloadavg()[0]]
     results: dict = {}
 
     base = D4PGConfig.from_overrides({"samples_per_insert": 0, "min_replay_size": 1000})
     with ReplayServerProcess(base, TASK) as server:
-        adder = NStepTransitionAdder(reverb.Client(server.address), base.n_step, spec.actions.shape)
-        for _ in range(20):  # 20 episodes of random actions: 20k items.
-            timestep = env.reset()
-            adder.add_first(timestep)
-            while not timestep.last():
-                action = rng.uniform(-1, 1, spec.actions.shape).astype(np.float32)
-                timestep = env.step(action)
-                adder.add(action, timestep)
-        adder.flush()
+        # 20 episodes of random actions (20k transitions) in the default layout's items.
+        fill_random_episodes(base, server.address, TASK, 20)
 
         for size in args.sizes.split(","):
             overrides = {**SIZES[size], "samples_per_insert": 0, "min_replay_size": 1000}
@@ -173,7 +169,7 @@ def main() -> None:
                     config, spec, repl, lambda ctx, c=config: fixed_input_fn(ctx, c)
                 )
                 learners[("reverb", k)] = D4PGLearner(
-                    config, spec, repl, reverb_input_fn(server.address, config)
+                    config, spec, repl, reverb_input_fn(server.address, config, env_spec=spec)
                 )
             config = D4PGConfig.from_overrides({**overrides, "updates_per_call": 1})
             flops = flops_per_update(config, obs_dim, act_dim)
@@ -184,7 +180,7 @@ def main() -> None:
             one = learners[("reverb", 1)]
             batch = next(iter(repl.distribute(lambda ctx, c=config: fixed_input_fn(ctx, c))))
             compute = tf.function(lambda b, one=one: repl.run(one._compute, b))
-            iterator = iter(repl.distribute(reverb_input_fn(server.address, config)))
+            iterator = iter(repl.distribute(reverb_input_fn(server.address, config, env_spec=spec)))
             pull = tf.function(lambda it: repl.run(lambda b: tf.reduce_sum(b.reward), next(it)))
 
             rates = {key: [] for key in learners}

@@ -25,9 +25,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # The repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # agents_common, benchmarks.
 
-import numpy as np
 from agents_actor_throughput import batched_runner, raw_runner, single_runner
-from agents_common import ReplayServerProcess, fixed_batch_input_fn, write_result
+from agents_common import (
+    ReplayServerProcess,
+    fill_random_episodes,
+    fixed_batch_input_fn,
+    write_result,
+)
 
 TASK = "cartpole:swingup"
 UPDATES_PER_CALL = 8
@@ -67,33 +71,6 @@ def _rate(fn, units_per_call: int, seconds: float, probe: float) -> tuple[float,
     return units / (time.perf_counter() - wall), units / max(time.process_time() - cpu, 1e-9)
 
 
-def _fill(config, address: str, episodes: int) -> None:
-    """Random-action episodes through the builder's adders (the layout's own writers)."""
-    import reverb
-
-    import environments
-    from agents.d4pg import builder, networks, variables
-
-    env = environments.make(TASK, seed=0)
-    spec = environments.make_environment_spec(env)
-
-    variables.publish(
-        reverb.Client(address),
-        0,
-        [v.numpy() for v in networks.make_networks(config, spec).acting_variables()],
-    )
-    actor = builder.make_actor(config, spec, address, seed=3)
-    rng = np.random.default_rng(0)
-    for _ in range(episodes):
-        timestep = env.reset()
-        actor.observe_first(timestep)
-        while not timestep.last():
-            action = rng.uniform(-1, 1, spec.actions.shape).astype(np.float32)
-            timestep = env.step(action)
-            actor.observe(action, timestep)
-    # Unflushed items arrive while learners compile; they need min_replay_size only.
-
-
 def learner_rounds(configs: dict, args, loads: list) -> dict:
     import environments
     import replication
@@ -110,7 +87,7 @@ def learner_rounds(configs: dict, args, loads: list) -> dict:
         learners = {"fixed": D4PGLearner(base, spec, repl, fixed)}
         for name, config in configs.items():
             servers[name] = ReplayServerProcess(config, TASK)
-            _fill(config, servers[name].address, args.fill_episodes)
+            fill_random_episodes(config, servers[name].address, TASK, args.fill_episodes)
             learners[f"reverb_{name}"] = D4PGLearner(
                 config, spec, repl, reverb_input_fn(servers[name].address, config, env_spec=spec)
             )

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,17 +25,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from agents_common import write_result  # noqa: E402
-from agents_learning_suite import first_reaching, run_one  # noqa: E402
+from launch_alternating import TASK, run_alternating, summarise  # noqa: E402
 
 from launch.d4pg import program as d4pg_program  # noqa: E402
-
-TASK = "cartpole:swingup"
-
-
-def _median(values: list) -> float | None:
-    inf = float("inf")
-    value = statistics.median([inf if v is None else v for v in values])
-    return None if value == inf else value
 
 
 def main() -> None:
@@ -49,53 +40,9 @@ def main() -> None:
     groups = [int(g) for g in args.groups.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
 
-    runs: dict = {str(g): {} for g in groups}
-    for i, seed in enumerate(seeds):
-        for group in groups if i % 2 == 0 else groups[::-1]:
-            run = run_one(
-                TASK,
-                seed,
-                d4pg_program.QUICK_STEPS,
-                args.max_minutes * 60,
-                keep=False,
-                extra_flags=[f"--config.transitions_per_item={group}"],
-            )
-            hit = first_reaching(run["curve"], args.target)
-            run.update(
-                {
-                    "learner_updates_per_s": run["learner_steps"] / run["wall_s"],
-                    "actor_steps_per_s": run["actor_steps"] / run["wall_s"],
-                    "seconds_to_target": hit["wall_time_s"] if hit else None,
-                    "actor_steps_to_target": hit["actor_steps"] if hit else None,
-                }
-            )
-            runs[str(group)][str(seed)] = run
-            print(
-                f"G={group} seed {seed}: {run['learner_updates_per_s']:.0f} updates/s, "
-                f"{run['actor_steps_per_s']:.0f} actor steps/s, "
-                + (
-                    f"{hit['wall_time_s']:.0f} s / {hit['actor_steps']:,.0f} steps to "
-                    f"{args.target:g}"
-                    if hit
-                    else f"missed {args.target:g}"
-                )
-                + f", final {run['final_eval_return']:.0f}",
-                flush=True,
-            )
-
-    summary = {}
-    for group in groups:
-        per_seed = list(runs[str(group)].values())
-        summary[str(group)] = {
-            "median_learner_updates_per_s": statistics.median(
-                r["learner_updates_per_s"] for r in per_seed
-            ),
-            "median_actor_steps_per_s": statistics.median(r["actor_steps_per_s"] for r in per_seed),
-            "median_seconds_to_target": _median([r["seconds_to_target"] for r in per_seed]),
-            "median_actor_steps_to_target": _median([r["actor_steps_to_target"] for r in per_seed]),
-            "seeds_reached": sum(r["seconds_to_target"] is not None for r in per_seed),
-            "final_eval_returns": [r["final_eval_return"] for r in per_seed],
-        }
+    settings = {str(g): [f"--config.transitions_per_item={g}"] for g in groups}
+    runs = run_alternating(settings, seeds, args.target, args.max_minutes)
+    summary = summarise(runs)
     base = summary[str(groups[0])]
     for group in groups[1:]:
         s = summary[str(group)]

@@ -173,6 +173,19 @@ def _nearest_evaluation(curve: list, at_steps: int) -> float | None:
     return eval_return if abs(steps - at_steps) <= 10_000 else None
 
 
+def _ab_time_to_target(result: Mapping[str, Any]) -> str:
+    """Median wall time and actor steps to the target, candidate vs defaults ("missed" when
+    most seeds of a setting did not get there)."""
+
+    def one(name: str) -> str:
+        s = result["summary"][name]
+        if s["median_seconds_to_target"] is None:
+            return "missed"
+        return f"{s['median_seconds_to_target']:.0f} s / {s['median_actor_steps_to_target'] / 1000:.0f}k steps"
+
+    return f"{one('candidate')} vs {one('default')}"
+
+
 def _candidate_vs_default_text(candidate: Mapping[str, Any]) -> str:
     """Per task: a candidate setting's suite runs against the preset before the penalty on
     the same seeds (its suite runs of those seeds), at 100k and 200k actor steps."""
@@ -460,6 +473,23 @@ ROWS: tuple[Row, ...] = (
         derived={
             "steps16": lambda d: d["summary"]["16"]["median_actor_steps_to_target"] / 1000,
             "steps1": lambda d: d["summary"]["1"]["median_actor_steps_to_target"] / 1000,
+            "seeds": lambda d: len(d["seeds"]),
+            "noise": lambda d: "; noisy" if d["noisy"] else "",
+        },
+    ),
+    Row(
+        "launch_setting_ab_spi_tolerance_1.json",
+        "`launch_setting_ab --flag=--config.samples_per_insert_tolerance_rate=1.0`: the README's "
+        "main command with a 10x wider rate-limiter buffer (1.0 of min_replay_size x "
+        "samples_per_insert, default 0.1) / the defaults, alternated seed by seed, learner "
+        "updates/s; and wall time to eval return 800, medians over the seeds",
+        "{candidate_over_default/learner_updates_per_s|.2f} "
+        "({summary/candidate/median_learner_updates_per_s|.0f} vs "
+        "{summary/default/median_learner_updates_per_s|.0f} updates/s); to 800: {to_target} "
+        "({summary/candidate/seeds_reached} and {summary/default/seeds_reached} of {seeds} "
+        "seeds reached){noise}",
+        derived={
+            "to_target": _ab_time_to_target,
             "seeds": lambda d: len(d["seeds"]),
             "noise": lambda d: "; noisy" if d["noisy"] else "",
         },

@@ -1,0 +1,92 @@
+"""The README's command with its defaults against one candidate setting, in one run.
+
+Runs `replicator launch d4pg` as the README does (quick preset, local backend, 2 actors,
+cartpole:swingup, the default budget) once per seed with the defaults and once with the
+candidate's flags, alternated (`launch_alternating`): learner updates/s, actor steps/s,
+wall time and actor steps to --target, medians over seeds, and the candidate's ratios to
+the defaults. This is the quick check of a throughput setting; what it does to learning
+is the learning suite's to say (`agents_learning_suite.py --launch-flag=...`).
+
+    python benchmarks/launch_setting_ab.py --name spi_tolerance_1 \\
+        --flag=--config.samples_per_insert_tolerance_rate=1.0 [--seeds 0,1,2]
+
+Writes benchmarks/results/launch_setting_ab_NAME.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from agents_common import write_result  # noqa: E402
+from launch_alternating import TASK, run_alternating, summarise  # noqa: E402
+
+from launch.d4pg import program as d4pg_program  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--name", required=True, help="names the results file (a-z, 0-9, _)")
+    parser.add_argument(
+        "--flag",
+        action="append",
+        required=True,
+        help="a flag of the candidate, e.g. --flag=--config.samples_per_insert_tolerance_rate=1 "
+        "(repeatable)",
+    )
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--target", type=float, default=800.0)
+    parser.add_argument("--max-minutes", type=float, default=20.0, help="per launch")
+    args = parser.parse_args()
+    if not re.fullmatch(r"[a-z0-9_]+", args.name):
+        parser.error(f"--name takes a-z, 0-9 and _ (it names a file), got {args.name!r}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds takes comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
+
+    runs = run_alternating(
+        {"default": [], "candidate": list(args.flag)}, seeds, args.target, args.max_minutes
+    )
+    summary = summarise(runs)
+    base, cand = summary["default"], summary["candidate"]
+    ratios = {
+        "learner_updates_per_s": cand["median_learner_updates_per_s"]
+        / base["median_learner_updates_per_s"],
+        "actor_steps_per_s": cand["median_actor_steps_per_s"] / base["median_actor_steps_per_s"],
+    }
+    if base["median_seconds_to_target"] and cand["median_seconds_to_target"]:
+        ratios["seconds_to_target"] = (
+            cand["median_seconds_to_target"] / base["median_seconds_to_target"]
+        )
+    print(
+        f"candidate / default: learner updates/s x{ratios['learner_updates_per_s']:.2f}; "
+        f"median time to {args.target:g}: {cand['median_seconds_to_target']} s against "
+        f"{base['median_seconds_to_target']} s; seeds reached {cand['seeds_reached']} and "
+        f"{base['seeds_reached']} of {len(seeds)}"
+    )
+    write_result(
+        f"launch_setting_ab_{args.name}",
+        {
+            "task": TASK,
+            "target_return": args.target,
+            "budget_actor_steps": d4pg_program.QUICK_STEPS,
+            "candidate_flags": list(args.flag),
+            "seeds": seeds,
+            "summary": summary,
+            "candidate_over_default": ratios,
+            "runs": runs,
+            "noisy": any(r["noisy"] for per in runs.values() for r in per.values()),
+            "command": "python benchmarks/launch_setting_ab.py " + " ".join(sys.argv[1:]),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
