@@ -186,6 +186,25 @@ def _ab_time_to_target(result: Mapping[str, Any]) -> str:
     return f"{one('candidate')} vs {one('default')}"
 
 
+def _setting_ab_row(name: str, what: str) -> Row:
+    """The row of `launch_setting_ab_NAME.json`: the candidate / the defaults, alternated."""
+    return Row(
+        f"launch_setting_ab_{name}.json",
+        what + ", alternated seed by seed, learner updates/s; and wall time to eval return 800, "
+        "medians over the seeds",
+        "{candidate_over_default/learner_updates_per_s|.2f} "
+        "({summary/candidate/median_learner_updates_per_s|.0f} vs "
+        "{summary/default/median_learner_updates_per_s|.0f} updates/s); to 800: {to_target} "
+        "({summary/candidate/seeds_reached} and {summary/default/seeds_reached} of {seeds} "
+        "seeds reached){noise}",
+        derived={
+            "to_target": _ab_time_to_target,
+            "seeds": lambda d: len(d["seeds"]),
+            "noise": lambda d: "; noisy" if d["noisy"] else "",
+        },
+    )
+
+
 def _candidate_vs_default_text(candidate: Mapping[str, Any]) -> str:
     """Per task: a candidate setting's suite runs against the preset before the penalty on
     the same seeds (its suite runs of those seeds), at 100k and 200k actor steps."""
@@ -477,22 +496,16 @@ ROWS: tuple[Row, ...] = (
             "noise": lambda d: "; noisy" if d["noisy"] else "",
         },
     ),
-    Row(
-        "launch_setting_ab_spi_tolerance_1.json",
+    _setting_ab_row(
+        "spi_tolerance_1",
         "`launch_setting_ab --flag=--config.samples_per_insert_tolerance_rate=1.0`: the README's "
         "main command with a 10x wider rate-limiter buffer (1.0 of min_replay_size x "
-        "samples_per_insert, default 0.1) / the defaults, alternated seed by seed, learner "
-        "updates/s; and wall time to eval return 800, medians over the seeds",
-        "{candidate_over_default/learner_updates_per_s|.2f} "
-        "({summary/candidate/median_learner_updates_per_s|.0f} vs "
-        "{summary/default/median_learner_updates_per_s|.0f} updates/s); to 800: {to_target} "
-        "({summary/candidate/seeds_reached} and {summary/default/seeds_reached} of {seeds} "
-        "seeds reached){noise}",
-        derived={
-            "to_target": _ab_time_to_target,
-            "seeds": lambda d: len(d["seeds"]),
-            "noise": lambda d: "; noisy" if d["noisy"] else "",
-        },
+        "samples_per_insert, default 0.1) / the defaults",
+    ),
+    _setting_ab_row(
+        "learner_cpu2",
+        "`launch_setting_ab --flag=--learner-replicas=cpu:2`: the README's main command with the "
+        "learner's update split over 2 CPU replicas / the defaults (one replica)",
     ),
     Row(
         "agents_learning_suite_g1.json",
