@@ -231,6 +231,34 @@ def _candidate_vs_default_text(candidate: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _long_runs_text(before: Mapping[str, Any]) -> str:
+    """Per task: the long (500k) runs' mean eval at 200k and 500k and collapses, the
+    preset's runs (`SUITE_LONG_RESULT`) vs `before` on the same seeds."""
+    now = json.loads((RESULTS / SUITE_LONG_RESULT).read_text(encoding="utf-8"))
+
+    def mean(runs: Mapping[str, Any], seeds: list[str], at: int) -> str:
+        values = [_nearest_evaluation(runs.get(s, {}).get("curve"), at) for s in seeds]
+        return f"{sum(values) / len(values):.0f}" if values and None not in values else "-"
+
+    parts = []
+    for task, by_seed in sorted(now["runs"].items()):
+        old = before["runs"].get(task, {})
+        seeds = sorted(set(by_seed) & set(old), key=int)
+        cells = [
+            f"{mean(by_seed, seeds, at)} vs {mean(old, seeds, at)} at {at // 1000}k"
+            for at in (200_000, 500_000)
+        ]
+        collapsed = [
+            f"{data['summary'][task]['runs_collapsed']} of {len(data['summary'][task]['seeds'])}"
+            for data in (now, before)
+        ]
+        parts.append(
+            f"`{task}` (seeds {', '.join(seeds)}): {', '.join(cells)}; collapses "
+            f"{collapsed[0]} vs {collapsed[1]}"
+        )
+    return "; ".join(parts)
+
+
 def _steps_to_target_text(result: Mapping[str, Any]) -> str:
     """A `launch_time_to_score` result: median and per-seed actor steps to the target."""
     d = result["distributed"]
@@ -503,6 +531,18 @@ ROWS: tuple[Row, ...] = (
         "samples_per_insert, default 0.1) / the defaults",
     ),
     _setting_ab_row(
+        "fuse_off",
+        "`launch_setting_ab --flag=--config.fuse_updates_per_call=false`: the README's main "
+        "command at 8 learner updates per call (the quick preset's then) with the 8 as a graph "
+        "loop of compiled updates (as before 2026-12-04) / as one XLA computation (the default)",
+    ),
+    _setting_ab_row(
+        "k16",
+        "`launch_setting_ab --flag=--config.updates_per_call=16`: the README's main command "
+        "with 16 learner updates per call (one XLA computation; the quick preset's since "
+        "2026-12-04) / 8 (the preset's before)",
+    ),
+    _setting_ab_row(
         "learner_cpu2",
         "`launch_setting_ab --flag=--learner-replicas=cpu:2`: the README's main command with the "
         "learner's update split over 2 CPU replicas / the defaults (one replica)",
@@ -585,6 +625,16 @@ ROWS: tuple[Row, ...] = (
         "on finger:spin seed 0 and 422 / 843 on walker:walk seeds 0, 1",
         "{tasks}",
         derived={"tasks": _candidate_vs_default_text},
+    ),
+    Row(
+        "agents_learning_suite_500k_no_penalty.json",
+        "`agents_learning_suite --tasks cheetah:run,walker:walk,finger:spin --seeds 0,1 "
+        "--steps 500000`: the long runs of the suite table's 500k column (the quick preset, "
+        "penalty 1e-4) vs the same runs without the penalty (the preset before 2026-12-04; "
+        "cheetah:run seed 0 of those had `--config.transitions_per_item=16` set, then not yet "
+        "the default), mean eval, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": _long_runs_text},
     ),
     Row(
         "launch_time_to_score_penalty.json",
@@ -945,7 +995,11 @@ def render_suite(results: Path = RESULTS) -> str:
             f"`{task}`",
             ", ".join(map(str, summary["seeds"])),
             *(_suite_cell(summary["at_steps"].get(c), int(c)) for c in columns),
-            (_suite_cell(at_500k, 500_000) + _seeds_text(len(long_summary["seeds"])))
+            (
+                _suite_cell(at_500k, 500_000)
+                + _seeds_text(len(long_summary["seeds"]))
+                + f"; collapses {long_summary['runs_collapsed']} of {len(long_summary['seeds'])}"
+            )
             if at_500k and long_summary
             else "-",
             _suite_threshold(

@@ -92,10 +92,10 @@ class D4PGConfig:
       networks hold their own initialisation; ours start as a copy of the online ones.
       `policy_preactivation_penalty` (0 here, as Acme; the quick preset of
       `replicator launch d4pg` sets 1e-4 against a saturated policy: docs/d4pg.md),
-      `publish_period`, `updates_per_call`, the conv torso (Sonnet's default
-      initialisers under either `network_init`), `random_shift` and the pixel defaults
-      are this project's choices (Acme's D4PG has no pixel setup). The full list, with
-      what is the same by construction, is in docs/d4pg.md.
+      `publish_period`, `updates_per_call`, `fuse_updates_per_call`, the conv torso
+      (Sonnet's default initialisers under either `network_init`), `random_shift` and the
+      pixel defaults are this project's choices (Acme's D4PG has no pixel setup). The
+      full list, with what is the same by construction, is in docs/d4pg.md.
 
     Pixel runs (`from_pixels=True`) default to `frame_stack` 3 (velocities need more
     than one frame), random-shift augmentation (pad 4, random crop; Kostrikov et al.
@@ -153,6 +153,10 @@ class D4PGConfig:
     # Updates per compiled learner call, each on its own batch (the same maths as one per
     # call; the per-call overhead is paid once). Metrics are the mean over the call.
     updates_per_call: int = 8
+    # With one replica, `jit_compile` and feature observations: the K updates of a call as
+    # one XLA computation on K batches stacked by the input pipeline (no per-update
+    # launch); else (and for pixels) a graph loop of K compiled updates.
+    fuse_updates_per_call: bool = True
     # Replay.
     max_replay_size: int = 1_000_000
     min_replay_size: int = 1000

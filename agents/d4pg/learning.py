@@ -152,6 +152,15 @@ def reverb_input_fn(
     return input_fn
 
 
+def _stacked(input_fn: InputFn, num_batches: int) -> InputFn:
+    """`input_fn` whose elements are `num_batches` of its batches stacked ([K, B, ...])."""
+
+    def stacked_input_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return input_fn(context).batch(num_batches, drop_remainder=True).prefetch(1)
+
+    return stacked_input_fn
+
+
 def check_grouped_batch(per_replica_batch: int, transitions_per_item: int) -> None:
     """Raises ValueError unless a replica's batch is whole items of the grouped layout."""
     if per_replica_batch % transitions_per_item:
@@ -246,8 +255,19 @@ class D4PGLearner(core.Learner):
         self._support_monitor = diagnostics.SupportMonitor(config, vmin, vmax)
         self._replay_ratio = diagnostics.ReplayRatio(replay_client)
 
-        self._input_fn = input_fn
-        self._iterator = iter(replicator.distribute(input_fn))
+        # With one replica and XLA, the `updates_per_call` updates of a call run as one XLA
+        # computation (`_fused_updates`) on K batches stacked by the input pipeline. Not
+        # for pixels: K stacked image batches are large (~33 MB each at batch 256), and a
+        # convolutional update dwarfs the launch cost that fusing saves.
+        self._fused = (
+            config.jit_compile
+            and config.fuse_updates_per_call
+            and replicator.num_replicas == 1
+            and config.updates_per_call > 1
+            and not networks.is_pixels(env_spec.observations)
+        )
+        self._input_fn = _stacked(input_fn, config.updates_per_call) if self._fused else input_fn
+        self._iterator = iter(replicator.distribute(self._input_fn))
         # One cancellation manager per call: TF cancels a call's manager itself when an
         # op of the call fails (e.g. the sampling timeout's end of input).
         self._step_cancellation: cancellation.CancellationManager | None = None
@@ -264,6 +284,7 @@ class D4PGLearner(core.Learner):
         self._replica_step = self._step_fn
         if config.jit_compile and replicator.num_replicas == 1:
             self._replica_step = tf.function(self._step_fn, jit_compile=True)
+        self._fused_step = tf.function(self._fused_updates, jit_compile=True)
         self._published_at = 0  # num_steps at the last publish (see `step`).
 
         self._checkpoint = tf.train.Checkpoint(
@@ -414,18 +435,36 @@ class D4PGLearner(core.Learner):
             "n_step_return_min": -returns[1],
         }
 
+    def _fused_updates(self, batches: Transition) -> dict[str, tf.Tensor]:
+        """`updates_per_call` updates of one replica on K stacked batches ([K, B, ...]), in
+        one XLA computation: the mean of their metrics (replica context, one replica).
+
+        The same updates as K calls of `_step_fn`, without K launches of a compiled
+        computation and the executor's work between them.
+        """
+        num_updates = self._config.updates_per_call
+        metrics = self._step_fn(tf.nest.map_structure(lambda x: x[0], batches))
+        for i in tf.range(1, num_updates):
+            more = self._step_fn(tf.nest.map_structure(lambda x, i=i: x[i], batches))
+            metrics = {name: metrics[name] + more[name] for name in metrics}
+        return {name: value / num_updates for name, value in metrics.items()}
+
     def _train_step(self, iterator) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
         """`updates_per_call` updates, each on its own batch: the mean of their metrics,
         and the update counter after them.
 
-        The updates after the first run in a `tf.while_loop` (not unrolled: the graph and
-        its compile time do not grow with K). Each update is exactly `_step_fn` as in a
+        Fused (`fuse_updates_per_call`): one XLA computation on K stacked batches
+        (`_fused_updates`). Otherwise the updates after the first run in a
+        `tf.while_loop` (not unrolled: the graph and its compile time do not grow with K). Each update is exactly `_step_fn` as in a
         call of one update: the counter it reads for the target copy was incremented by
         the previous update, so targets are copied on the same update numbers. The counter
         is returned because reading the variable from Python costs ~0.3 ms each time,
         which `step` paid two to four times per call.
         """
         num_updates = self._config.updates_per_call
+        if self._fused:
+            metrics = self._repl.reduce(self._repl.run(self._fused_step, next(iterator)), "mean")
+            return metrics, self._num_steps.read_value()
         metrics = self._repl.reduce(self._repl.run(self._replica_step, next(iterator)), "mean")
         if num_updates > 1:
             for _ in tf.range(num_updates - 1):
@@ -443,8 +482,10 @@ class D4PGLearner(core.Learner):
 
         Raises:
           ReplayTimeoutError: the input ended, i.e. sampling timed out (only with a
-            `rate_limiter_timeout_ms` input); the next call samples again. The updates
-            of the call done before the timeout are kept (`num_steps` counts them).
+            `rate_limiter_timeout_ms` input); the next call samples again. Updates done
+            are kept (`num_steps` counts them): none of the call with
+            `fuse_updates_per_call`, which samples its K batches first, else those
+            before the timeout.
           StepCancelledError: `cancel_steps` was called, before or during this step.
         """
         manager = self._step_cancellation = cancellation.CancellationManager()

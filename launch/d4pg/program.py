@@ -48,6 +48,7 @@ RESUMABLE_CONFIG_KEYS = frozenset(
         "seed",
         "jit_compile",
         "updates_per_call",
+        "fuse_updates_per_call",
     }
 )
 
@@ -67,6 +68,9 @@ RESUMABLE_CONFIG_KEYS = frozenset(
 # penalty ball_in_cup:catch is below), and 1e-3 trailed 1e-4 on finger:spin and
 # walker:walk. On cartpole:swingup 1e-3 reached 800 sooner (8 of 8 seeds, median 46k
 # actor steps, against 7 of 8 and 63k with 1e-4, seeds 0-2 reaching it with both).
+# 16 updates per call (the config's default is 8): with the K updates as one XLA
+# computation, the README command's learner ran 1.18x the updates/s of K=8
+# (benchmarks/results/launch_setting_ab_k16.json; the maths per update is the same).
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
     "quick": {
@@ -77,6 +81,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "samples_per_insert": 32.0,
         "variable_update_period": 250,
         "publish_period": 10,
+        "updates_per_call": 16,
         "policy_lr": 1e-3,
         "critic_lr": 1e-3,
         "policy_preactivation_penalty": 1e-4,

@@ -1,4 +1,9 @@
-"""K updates in one compiled call equal K calls of one update (same data, same state)."""
+"""K updates in one compiled call equal K calls of one update (same data, same state).
+
+With one replica and XLA the K updates run as one XLA computation on K stacked batches
+(`fuse_updates_per_call`, the default); without it, as a graph loop of K compiled updates.
+Both must equal K calls of one update.
+"""
 
 import numpy as np
 import pytest
@@ -51,9 +56,16 @@ def _input_fn(ctx):
     return tf.data.Dataset.from_tensor_slices(data).batch(BATCH).repeat()
 
 
-def _learner(updates_per_call: int, publish_period: int = 10, **kwargs) -> D4PGLearner:
+def _learner(
+    updates_per_call: int, publish_period: int = 10, fuse: bool = True, **kwargs
+) -> D4PGLearner:
     config = D4PGConfig.from_overrides(
-        {**BASE, "updates_per_call": updates_per_call, "publish_period": publish_period}
+        {
+            **BASE,
+            "updates_per_call": updates_per_call,
+            "publish_period": publish_period,
+            "fuse_updates_per_call": fuse,
+        }
     )
     return D4PGLearner(config, SPEC, replication.make("cpu"), _input_fn, **kwargs)
 
@@ -63,8 +75,9 @@ def _state(learner):
     return online + target + learner.optimizer_state()
 
 
-def test_four_fused_updates_equal_four_single_updates():
-    fused, single = _learner(4), _learner(1)
+@pytest.mark.parametrize("fuse", [True, False], ids=["one_xla_computation", "graph_loop"])
+def test_four_fused_updates_equal_four_single_updates(fuse):
+    fused, single = _learner(4, fuse=fuse), _learner(1)
     for src, dst in zip(
         fused.networks.all_variables() + fused.target_networks.all_variables(),
         single.networks.all_variables() + single.target_networks.all_variables(),
