@@ -59,16 +59,22 @@ def test_replay_killed_before_its_first_checkpoint_comes_back_empty_and_the_run_
     # "filling replay" with 0 actor steps/s; tests/agents/test_replay_restart.py has the
     # deterministic halves of it).
     run_dir = str(tmp_path / "run")
-    budget = 8000  # The kill comes at ~3.5k actor steps (20 learner steps): far from the end.
+    # The kill comes at the learner's first reported steps (~3.5k actor steps): far from the
+    # end. Not at a step count: the learner reports every second, and one second of fused
+    # updates (K per call) is over a thousand steps, so a count could first be seen near the
+    # budget, after which the run could finish while the replay waits to restart.
+    budget = 12000
     extra = ["--replay-checkpoint-every", "100000", "--config.min_replay_size=600"]
     with c.running_cli(run_dir, steps=budget, extra=extra) as proc:
-        s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) >= 20, 300, "learner steps")
+        s.wait_for(lambda: (s.gauge(run_dir, "learner_steps") or 0) > 0, 300, "learner steps")
         assert not c.checkpoint_lines(run_dir)
         learner_steps = s.gauge(run_dir, "learner_steps")
         os.kill(c.node_pid(proc, "replay"), signal.SIGKILL)
+        killed_at = c.actor_steps(run_dir)
         code = c.finish(proc, 400)
     out = c.cli_output(run_dir)
     assert code == 0, out
+    assert killed_at < budget / 2, killed_at  # Else the test did not test a mid-run restart.
     assert "replay failed (killed by SIGKILL); restart #1" in out
     assert c.restored_sizes(run_dir)[-1] == 0  # It came back empty.
     assert c.actor_steps(run_dir) >= budget
