@@ -277,7 +277,9 @@ class D4PGLearner(core.Learner):
         self._train = tf.function(self._train_step)
         # XLA fuses the many small ops of the forward/backward pass (most of the time of a
         # small network's update is per-op overhead); state updates stay outside it.
-        self._compute = tf.function(self._loss_and_gradients, jit_compile=config.jit_compile)
+        self._compute = tf.function(
+            self._loss_and_gradients, jit_compile=config.jit_compile, autograph=False
+        )
         # With one replica there are no collectives, so the whole update (optimisers,
         # target copy, counter) compiles into one XLA computation: a small network's
         # optimiser step is otherwise ~100 separately dispatched ops.
@@ -443,8 +445,14 @@ class D4PGLearner(core.Learner):
         computation and the executor's work between them.
         """
         num_updates = self._config.updates_per_call
-        metrics = self._step_fn(tf.nest.map_structure(lambda x: x[0], batches))
-        for i in tf.range(1, num_updates):
+        # The sums start at zeros shaped like one update's metrics, read from a trace of
+        # `_step_fn` that is never run: the loop then holds the computation's only copy of
+        # the update. Starting from a first update outside the loop (the loop's initial
+        # values) put two copies in it, and XLA's compile time doubled with them.
+        first = tf.nest.map_structure(lambda x: tf.TensorSpec(x.shape[1:], x.dtype), batches)
+        shapes = tf.function(self._step_fn).get_concrete_function(first).structured_outputs
+        metrics = {name: tf.zeros(value.shape, value.dtype) for name, value in shapes.items()}
+        for i in tf.range(num_updates):
             more = self._step_fn(tf.nest.map_structure(lambda x, i=i: x[i], batches))
             metrics = {name: metrics[name] + more[name] for name in metrics}
         return {name: value / num_updates for name, value in metrics.items()}
@@ -598,6 +606,12 @@ class D4PGLearner(core.Learner):
         step = self.num_steps if step is None else step
         self._publisher.publish(step, self.acting_weights(), wait=wait)
         self._published_at = step
+
+    def wait_for_publish(self) -> None:
+        """Returns once the weights published so far are stored in the replay: `step`
+        publishes without waiting for the newest to arrive (see `publish_variables`)."""
+        if self._publisher is not None:
+            self._publisher.wait()
 
     def republish_if_missing(self, timeout_s: int = 5) -> bool:
         """Publishes again when the "params" table is empty; returns whether it did.

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import reverb
 
-from agents.d4pg.replay import PARAMS_TABLE
+from agents.d4pg.replay import PARAMS_TABLE, table_size
 
 _log = logging.getLogger(__name__)
 _POLL_S = 0.2  # How often `VariableClient.update(wait=True)` looks for a first publish.
@@ -71,8 +71,15 @@ class WeightsPublisher:
         self._configured = max(self._configured, len(data))
         references = self._cpp.Append(data)
         self._cpp.CreateItem(self._table, 1.0, [[r] for r in references], [True] * len(references))
+        self._flush(0 if wait else 1)
+
+    def wait(self) -> None:
+        """Returns once every publish so far is stored (e.g. the last one of `wait=False`)."""
+        self._flush(0)
+
+    def _flush(self, in_flight: int) -> None:
         try:
-            self._cpp.Flush(0 if wait else 1, self._timeout_ms)
+            self._cpp.Flush(in_flight, self._timeout_ms)
         except RuntimeError as e:
             # A server that went away is not an error here: the items just wait (for ever
             # without a timeout). Raised as `reverb.Client`'s own calls do.
@@ -163,5 +170,4 @@ class VariableClient:
 
     def _has_weights(self) -> bool:
         # Raises (DeadlineExceededError) instead of blocking when the server is gone.
-        info = self._client.server_info(timeout=self._timeout)
-        return int(info[self._table].current_size) > 0
+        return table_size(self._client, self._table, timeout=self._timeout) > 0

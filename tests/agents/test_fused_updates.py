@@ -113,9 +113,25 @@ def test_weights_are_published_when_a_call_crosses_a_multiple_of_the_period():
         published = []
         for _ in range(5):  # Calls end at updates 4, 8, 12, 16, 20.
             learner.step()
+            learner.wait_for_publish()  # `step` does not wait for its publish to arrive.
             source.update(wait=True)
             published.append(source.version)
         # 8 crosses 6, 12 reaches 12, 16 crosses nothing, 20 crosses 18.
         assert published == [0, 8, 12, 12, 20]
     finally:
         server.stop()
+
+
+def test_the_fused_computation_holds_one_copy_of_the_update():
+    # Compile time grows with the update's copies in the computation: a first update
+    # outside the loop (the loop's initial metrics) doubled it. The loop body's copy is
+    # counted here by its matrix products, against those of one compiled update.
+    learner = _learner(4)
+    stacked = next(iter(_input_fn(None).batch(4)))
+    fused_hlo = learner._fused_step.experimental_get_compiler_ir(stacked)(stage="hlo")
+    one = tf.nest.map_structure(lambda x: x[0], stacked)
+    single_hlo = learner._replica_step.experimental_get_compiler_ir(one)(stage="hlo")
+    dots = single_hlo.count(" dot(")
+    assert dots > 20  # Forward and backward passes of the critic and the policy.
+    # One copy (and a few products of the loop's bookkeeping), not two.
+    assert dots <= fused_hlo.count(" dot(") < 1.5 * dots
