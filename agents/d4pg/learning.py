@@ -277,6 +277,8 @@ class D4PGLearner(core.Learner):
         self._train = tf.function(self._train_step)
         # XLA fuses the many small ops of the forward/backward pass (most of the time of a
         # small network's update is per-op overhead); state updates stay outside it.
+        # Traced without autograph: its Python branches read the config only, and
+        # converting the networks' and losses' source cost ~1 CPU-s of every start.
         self._compute = tf.function(
             self._loss_and_gradients, jit_compile=config.jit_compile, autograph=False
         )
