@@ -591,6 +591,16 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
     ),
     Row(
+        "agents_learning_suite_spi64.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1 "
+        "--launch-flag=--config.samples_per_insert=64`: twice the quick preset's replay ratio "
+        "(32) on the task furthest below the best reference at 200k (870), at 9f5c457 (two "
+        "runs at a time): mean eval return vs the quick preset's suite runs on the same seeds, "
+        "10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+    ),
+    Row(
         "launch_time_to_score.json",
         "`launch_time_to_score`: the README's main command (`replicator launch d4pg`, defaults: "
         "local backend, 2 actors, cartpole:swingup), wall time to eval return 800, median of 3 "
