@@ -28,6 +28,7 @@ import dataclasses
 import json
 import operator
 import re
+import statistics
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -231,6 +232,20 @@ def _candidate_vs_default_text(
             )
             cells.append(f"{ours} vs {base} at {at // 1000}k")
         parts.append(f"`{task}` (seeds {', '.join(seeds)}): {', '.join(cells)}")
+    return "; ".join(parts)
+
+
+def _rerun_vs_suite_text(rerun: Mapping[str, Any]) -> str:
+    """Per task: a re-run of the preset against the suite table's runs of the same seeds,
+    mean eval at 100k and 200k actor steps and the median minutes per run of each."""
+    suite = json.loads((RESULTS / SUITE_RESULT).read_text(encoding="utf-8"))["runs"]
+    returns = _candidate_vs_default_text(rerun, SUITE_RESULT).split("; ")
+    parts = []
+    for text, (task, by_seed) in zip(returns, sorted(rerun["runs"].items())):
+        seeds = sorted(by_seed, key=int)
+        now = statistics.median(by_seed[s]["wall_s"] / 60 for s in seeds)
+        before = statistics.median(suite[task][s]["wall_s"] / 60 for s in seeds)
+        parts.append(f"{text}; {now:.1f} vs {before:.1f} min per run")
     return "; ".join(parts)
 
 
@@ -599,6 +614,35 @@ ROWS: tuple[Row, ...] = (
         "10 episodes per evaluation",
         "{tasks}",
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+    ),
+    Row(
+        "agents_learning_suite_sigma0.2.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1 --launch-flag=--config.sigma=0.2`: "
+        "less exploration noise than the preset's 0.3, at 8c1133b (two runs at a time): mean "
+        "eval return vs the quick preset's suite runs on the same seeds, 10 episodes per "
+        "evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+    ),
+    Row(
+        "agents_learning_suite_fused.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1` beside the same with `--tasks "
+        "walker:walk` (two runs at a time), the quick preset at 8c1133b (the learner's 16 updates "
+        "per call as one XLA computation): mean eval return and minutes per run vs the suite "
+        "table's runs of the same seeds (`agents_learning_suite.json`: 8 updates per call as a "
+        "graph loop, run two at a time or beside other work)",
+        "{tasks}",
+        derived={"tasks": _rerun_vs_suite_text},
+    ),
+    Row(
+        "agents_learning_suite_graph_loop_k8.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1 --launch-flag=--config.updates_per_call=8 "
+        "--launch-flag=--config.fuse_updates_per_call=false`: the learner of the suite table's "
+        "runs (8 updates per call as a graph loop) at 8c1133b, to tell the fused learner's "
+        "effect on finger:spin from the seeds' (row above: the preset at 8c1133b), two runs at a "
+        "time: mean eval return and minutes per run vs the suite table's runs of the same seeds",
+        "{tasks}",
+        derived={"tasks": _rerun_vs_suite_text},
     ),
     Row(
         "launch_time_to_score.json",
