@@ -206,6 +206,29 @@ def _setting_ab_row(name: str, what: str) -> Row:
     )
 
 
+def _time_to_score_row(name: str, what: str) -> Row:
+    """A `launch_time_to_score` result: median wall time and actor steps to 800, per seed."""
+    return Row(
+        name,
+        what,
+        "{distributed/median_seconds_to_target|.0f} s, {steps_k|.0f}k actor steps "
+        "({distributed/seeds_reached} of {seeds} seeds reached 800 in the "
+        "{budget_k|.0f}k-step default: {per_seed}); noisy",
+        Target("<", 150, "distributed/median_seconds_to_target", unit=" s"),
+        derived={
+            "steps_k": lambda d: d["distributed"]["median_actor_steps_to_target"] / 1000,
+            "seeds": lambda d: len(d["distributed"]["seeds"]),
+            "budget_k": lambda d: d["distributed"]["budget_actor_steps"] / 1000,
+            "per_seed": lambda d: ", ".join(
+                f"{r['seconds_to_target']:.0f} s at {r['actor_steps_to_target'] / 1000:.0f}k"
+                if r["reached"]
+                else f"missed (best {r['best_eval_return']:.0f})"
+                for r in d["distributed"]["runs"].values()
+            ),
+        },
+    )
+
+
 def _candidate_vs_default_text(
     candidate: Mapping[str, Any], baseline: str = NO_PENALTY_SUITE_RESULT
 ) -> str:
@@ -599,8 +622,8 @@ ROWS: tuple[Row, ...] = (
         "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch "
         "--launch-flag=--config.policy_layers=256,256 --launch-flag=--config.critic_layers=256,256`: "
         "wider networks (the quick preset's are 64,64 and 128,128) on the three tasks below "
-        "the best reference at 200k, at c50a3e9 (fused learner; the learner's updates/s "
-        "fell 2.7x on a fixed batch): mean eval return vs the quick preset's suite runs "
+        "the best reference at 200k, at c50a3e9 (fused learner; at these sizes the learner "
+        "ran 2.7x fewer updates/s on a fixed batch): mean eval return vs the quick preset's suite runs "
         "(`agents_learning_suite.json`) on the same seeds, 10 episodes per evaluation",
         "{tasks}",
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
@@ -644,47 +667,17 @@ ROWS: tuple[Row, ...] = (
         "{tasks}",
         derived={"tasks": _rerun_vs_suite_text},
     ),
-    Row(
+    _time_to_score_row(
         "launch_time_to_score.json",
         "`launch_time_to_score`: the README's main command (`replicator launch d4pg`, defaults: "
         "local backend, 2 actors, cartpole:swingup), wall time to eval return 800, median of 3 "
         "seeds",
-        "{distributed/median_seconds_to_target|.0f} s, {steps_k|.0f}k actor steps "
-        "({distributed/seeds_reached} of {seeds} seeds reached 800 in the "
-        "{budget_k|.0f}k-step default: {per_seed}); noisy",
-        Target("<", 150, "distributed/median_seconds_to_target", unit=" s"),
-        derived={
-            "steps_k": lambda d: d["distributed"]["median_actor_steps_to_target"] / 1000,
-            "seeds": lambda d: len(d["distributed"]["seeds"]),
-            "budget_k": lambda d: d["distributed"]["budget_actor_steps"] / 1000,
-            "per_seed": lambda d: ", ".join(
-                f"{r['seconds_to_target']:.0f} s at {r['actor_steps_to_target'] / 1000:.0f}k"
-                if r["reached"]
-                else f"missed (best {r['best_eval_return']:.0f})"
-                for r in d["distributed"]["runs"].values()
-            ),
-        },
     ),
-    Row(
+    _time_to_score_row(
         "launch_time_to_score_seeds3-5.json",
         "`launch_time_to_score`: the README's main command (`replicator launch d4pg`, defaults: "
         "local backend, 2 actors, cartpole:swingup), wall time to eval return 800, median of 3 "
         "more seeds (3, 4, 5; `--seeds 3,4,5`), at the same commit as the row above",
-        "{distributed/median_seconds_to_target|.0f} s, {steps_k|.0f}k actor steps "
-        "({distributed/seeds_reached} of {seeds} seeds reached 800 in the "
-        "{budget_k|.0f}k-step default: {per_seed}); noisy",
-        Target("<", 150, "distributed/median_seconds_to_target", unit=" s"),
-        derived={
-            "steps_k": lambda d: d["distributed"]["median_actor_steps_to_target"] / 1000,
-            "seeds": lambda d: len(d["distributed"]["seeds"]),
-            "budget_k": lambda d: d["distributed"]["budget_actor_steps"] / 1000,
-            "per_seed": lambda d: ", ".join(
-                f"{r['seconds_to_target']:.0f} s at {r['actor_steps_to_target'] / 1000:.0f}k"
-                if r["reached"]
-                else f"missed (best {r['best_eval_return']:.0f})"
-                for r in d["distributed"]["runs"].values()
-            ),
-        },
     ),
     Row(
         "agents_learning_suite_penalty1e-3.json",
