@@ -63,9 +63,12 @@ def test_grouped_replay_items_launch_counts_transitions(tmp_path):
     steps = sum(r.get("actor_steps", 0) for r in s.records(run_dir, "actor_0", "count"))
     size = s.gauge(run_dir, "replay_size", "replay")
     # Transitions in replay: the finished episodes' steps, plus what the two unfinished
-    # episodes wrote, minus what stayed in the actor's pool (< 32) and the last n_step (5)
-    # steps of each unfinished episode, which have no transition yet; whole items of 4.
-    pending = 32 + 2 * 5
+    # episodes wrote, minus what stayed in the actor's pool (< 32), the last n_step (5)
+    # steps of each unfinished episode, which have no transition yet, and the items the
+    # stopped actor's writer had not had confirmed (at most its 8 in flight plus the 3
+    # written between its checks every 4 items: CI once saw 2748 for 2800 steps); whole
+    # items of 4.
+    pending = 32 + 2 * 5 + (8 + 3) * 4
     assert size % 4 == 0 and steps - pending <= size <= steps + 2 * 200, (size, steps)
     inserts = [r["replay_inserts"] for r in s.records(run_dir, "evaluator", "eval")]
     assert len(inserts) >= 2 and all(n % 4 == 0 for n in inserts), inserts
