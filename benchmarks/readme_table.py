@@ -133,6 +133,10 @@ def _kills_text(kills: list[Mapping[str, Any]]) -> str:
 
 
 SUITE_RESULT = "agents_learning_suite.json"
+# The suite table's runs before the learner's 16 updates per call became one XLA computation
+# (8 per call as a graph loop, the same agent otherwise): the baseline of the rows that
+# compared settings with the suite table until 2026-12-04.
+K8_SUITE_RESULT = "agents_learning_suite_k8.json"
 # The same suite before the quick preset had `policy_preactivation_penalty`: the baseline
 # of the rows that compared other settings with it.
 NO_PENALTY_SUITE_RESULT = "agents_learning_suite_no_penalty.json"
@@ -161,6 +165,31 @@ def _layout_suite_text(one_per_item: Mapping[str, Any]) -> str:
             f"{at(base, '100000', True)} at 100k, {at(summary, '200000')} vs "
             f"{at(base, '200000', True)} at 200k, {summary['wall_s']['mean'] / 60:.1f} vs "
             f"{base['wall_s']['mean'] / 60 if base else float('nan'):.1f} min"
+        )
+    return "; ".join(parts)
+
+
+_PROFILE_GROUPS = ("convolution", "batch_norm", "relu_and_pooling", "weight_decay", "optimizer")
+
+
+def _profile_groups_text(profile: Mapping[str, Any]) -> str:
+    """Per precision: the traced wall ms per step and the largest op groups' kernel ms,
+    ours vs Keras."""
+    parts = []
+    for precision, ours, keras in (
+        ("float32", "ours_float32", "keras_float32"),
+        ("bfloat16", "ours_bfloat16", "keras_mixed_bfloat16"),
+    ):
+        a, b = profile["profiles"][ours], profile["profiles"][keras]
+        groups = ", ".join(
+            f"{g.replace('_', ' ')} {a['kernel_ms_per_step'][g]:.0f} vs "
+            f"{b['kernel_ms_per_step'][g]:.0f}"
+            for g in _PROFILE_GROUPS
+        )
+        parts.append(
+            f"{precision}: wall {a['wall_ms_per_step_traced']:.0f} vs "
+            f"{b['wall_ms_per_step_traced']:.0f} ms ({groups}; all kernels "
+            f"{a['kernel_ms_per_step_total']:.0f} vs {b['kernel_ms_per_step_total']:.0f})"
         )
     return "; ".join(parts)
 
@@ -258,11 +287,11 @@ def _candidate_vs_default_text(
     return "; ".join(parts)
 
 
-def _rerun_vs_suite_text(rerun: Mapping[str, Any]) -> str:
-    """Per task: a re-run of the preset against the suite table's runs of the same seeds,
-    mean eval at 100k and 200k actor steps and the median minutes per run of each."""
-    suite = json.loads((RESULTS / SUITE_RESULT).read_text(encoding="utf-8"))["runs"]
-    returns = _candidate_vs_default_text(rerun, SUITE_RESULT).split("; ")
+def _rerun_vs_suite_text(rerun: Mapping[str, Any], baseline: str = K8_SUITE_RESULT) -> str:
+    """Per task: a re-run of the preset against the `baseline` suite's runs of the same
+    seeds, mean eval at 100k and 200k actor steps and the median minutes per run of each."""
+    suite = json.loads((RESULTS / baseline).read_text(encoding="utf-8"))["runs"]
+    returns = _candidate_vs_default_text(rerun, baseline).split("; ")
     parts = []
     for text, (task, by_seed) in zip(returns, sorted(rerun["runs"].items())):
         seeds = sorted(by_seed, key=int)
@@ -624,35 +653,35 @@ ROWS: tuple[Row, ...] = (
         "wider networks (the quick preset's are 64,64 and 128,128) on the three tasks below "
         "the best reference at 200k, at c50a3e9 (fused learner; at these sizes the learner "
         "ran 2.7x fewer updates/s on a fixed batch): mean eval return vs the quick preset's suite runs "
-        "(`agents_learning_suite.json`) on the same seeds, 10 episodes per evaluation",
+        "(`agents_learning_suite_k8.json`) on the same seeds, 10 episodes per evaluation",
         "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, K8_SUITE_RESULT)},
     ),
     Row(
         "agents_learning_suite_spi64.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0,1 "
         "--launch-flag=--config.samples_per_insert=64`: twice the quick preset's replay ratio "
         "(32) on the task furthest below the best reference at 200k (870), at 9f5c457 (two "
-        "runs at a time): mean eval return vs the quick preset's suite runs on the same seeds, "
-        "10 episodes per evaluation",
+        "runs at a time): mean eval return vs the quick preset's suite runs then "
+        "(`agents_learning_suite_k8.json`) on the same seeds, 10 episodes per evaluation",
         "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, K8_SUITE_RESULT)},
     ),
     Row(
         "agents_learning_suite_sigma0.2.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0,1 --launch-flag=--config.sigma=0.2`: "
         "less exploration noise than the preset's 0.3, at 8c1133b (two runs at a time): mean "
-        "eval return vs the quick preset's suite runs on the same seeds, 10 episodes per "
-        "evaluation",
+        "eval return vs the quick preset's suite runs then (`agents_learning_suite_k8.json`) "
+        "on the same seeds, 10 episodes per evaluation",
         "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, K8_SUITE_RESULT)},
     ),
     Row(
         "agents_learning_suite_fused.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0,1` beside the same with `--tasks "
         "walker:walk` (two runs at a time), the quick preset at 8c1133b (the learner's 16 updates "
         "per call as one XLA computation): mean eval return and minutes per run vs the suite "
-        "table's runs of the same seeds (`agents_learning_suite.json`: 8 updates per call as a "
+        "table's runs then (`agents_learning_suite_k8.json`: 8 updates per call as a "
         "graph loop, run two at a time or beside other work)",
         "{tasks}",
         derived={"tasks": _rerun_vs_suite_text},
@@ -663,7 +692,8 @@ ROWS: tuple[Row, ...] = (
         "--launch-flag=--config.fuse_updates_per_call=false`: the learner of the suite table's "
         "runs (8 updates per call as a graph loop) at 8c1133b, to tell the fused learner's "
         "effect on finger:spin from the seeds' (row above: the preset at 8c1133b), two runs at a "
-        "time: mean eval return and minutes per run vs the suite table's runs of the same seeds",
+        "time: mean eval return and minutes per run vs the suite table's runs then "
+        "(`agents_learning_suite_k8.json`) of the same seeds",
         "{tasks}",
         derived={"tasks": _rerun_vs_suite_text},
     ),
@@ -698,15 +728,36 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
-        SUITE_RESULT,
+        K8_SUITE_RESULT,
         "`agents_learning_suite --seeds 0,1,2 "
         "--launch-flag=--config.policy_preactivation_penalty=1e-4` (finger:spin and "
-        "walker:walk at 565c13a, the rest at d2a2cf1: the same agent), the quick preset's "
-        "penalty since 2026-12-04 (the suite table below): mean eval vs no penalty (the preset "
-        "before the penalty) on the same seeds; the penalty 1e-3 gave 377 / 537 at 100k / 200k "
-        "on finger:spin seed 0 and 422 / 843 on walker:walk seeds 0, 1",
+        "walker:walk at 565c13a, the rest at d2a2cf1: the same agent, 8 learner updates per "
+        "call as a graph loop), the quick preset's penalty since 2026-12-04 (the suite table's "
+        "runs until the row below): mean eval vs no penalty (the preset before the penalty) on "
+        "the same seeds; the penalty 1e-3 gave 377 / 537 at 100k / 200k on finger:spin seed 0 "
+        "and 422 / 843 on walker:walk seeds 0, 1",
         "{tasks}",
         derived={"tasks": _candidate_vs_default_text},
+    ),
+    Row(
+        SUITE_RESULT,
+        "`agents_learning_suite --seeds 0,1,2` at 50d1cfa (two suite processes side by side, "
+        "three tasks each): the quick preset, whose learner runs its 16 updates per call as one "
+        "XLA computation (the suite table below): mean eval return and minutes per run vs the "
+        "table's runs before (`agents_learning_suite_k8.json`: 8 per call as a graph loop, the "
+        "same maths) on the same seeds",
+        "{tasks}",
+        derived={"tasks": _rerun_vs_suite_text},
+    ),
+    Row(
+        "agents_learning_suite_k8_rerun.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,2` beside `--tasks walker:walk "
+        "--seeds 1,2`, both with `--launch-flag=--config.policy_preactivation_penalty=1e-4`, at "
+        "565c13a: the code of the table's runs before, re-run on 2026-12-04 on the seeds where the "
+        "row above fell furthest below them, to tell a change of code from the spread of runs: "
+        "mean eval return and minutes per run vs the stored runs of the same code and seeds",
+        "{tasks}",
+        derived={"tasks": _rerun_vs_suite_text},
     ),
     Row(
         "agents_learning_suite_500k_no_penalty.json",
@@ -867,13 +918,26 @@ ROWS: tuple[Row, ...] = (
         "({ratios/ours_bfloat16_over_ours_float32/wall/min|.2f}-"
         "{ratios/ours_bfloat16_over_ours_float32/wall/max|.2f}; Keras mixed_bfloat16 / "
         "float32: {ratios/keras_bfloat16_over_keras_float32/wall/median|.2f}; our gain / "
-        "Keras' gain: {ratios/bfloat16_gain_ours_over_keras/median|.2f})",
+        "Keras' gain: {ratios/bfloat16_gain_ours_over_keras/median|.2f}, on Keras' v1 "
+        "architecture: {ratios/bfloat16_gain_ours_v1_over_keras_same_architecture/median|.2f}; "
+        "ours bfloat16 / Keras mixed_bfloat16, images/s: "
+        "{ratios/ours_bfloat16_over_keras_bfloat16/wall/median|.2f}, on Keras' v1 architecture: "
+        "{v1_bf16_over_keras|.2f})",
         Target(
             ">=",
             1.0,
             "ratios/bfloat16_gain_ours_over_keras/median",
             label="our gain / Keras' gain",
         ),
+        derived={
+            "v1_bf16_over_keras": lambda d: statistics.median(
+                ours / keras
+                for ours, keras in zip(
+                    d["images_per_second_wall"]["ours_v1_bfloat16"]["all"],
+                    d["images_per_second_wall"]["keras_mixed_bfloat16"]["all"],
+                )
+            )
+        },
     ),
     Row(
         "vision_resnet.json",
@@ -885,6 +949,14 @@ ROWS: tuple[Row, ...] = (
         "{ratios/input_pipeline_over_fastest_training/max|.1f}; pipeline "
         "{input_pipeline/images_per_second/median|.0f} images/s)",
         Target(">=", 3.0, "ratios/input_pipeline_over_fastest_training/median"),
+    ),
+    Row(
+        "vision_resnet_profile.json",
+        "`vision_resnet_profile`: where a ResNet-50 training step's kernel time goes (batch 32, "
+        "224x224, TensorFlow profiler, thread ms per step, medians of rotated rounds), ours / "
+        "Keras by op group, float32 and bfloat16",
+        "{groups}",
+        derived={"groups": _profile_groups_text},
     ),
     Row(
         "vision_resnet.json",
