@@ -289,11 +289,17 @@ def _candidate_vs_default_text(
 
 def _rerun_vs_suite_text(rerun: Mapping[str, Any], baseline: str = K8_SUITE_RESULT) -> str:
     """Per task: a re-run of the preset against the `baseline` suite's runs of the same
-    seeds, mean eval at 100k and 200k actor steps and the median minutes per run of each."""
+    seeds (those both ran), mean eval at 100k and 200k actor steps and the median minutes
+    per run of each."""
     suite = json.loads((RESULTS / baseline).read_text(encoding="utf-8"))["runs"]
-    returns = _candidate_vs_default_text(rerun, baseline).split("; ")
+    shared = {
+        task: {s: run for s, run in by_seed.items() if s in suite.get(task, {})}
+        for task, by_seed in rerun["runs"].items()
+    }
+    shared = {task: by_seed for task, by_seed in shared.items() if by_seed}
+    returns = _candidate_vs_default_text({"runs": shared}, baseline).split("; ")
     parts = []
-    for text, (task, by_seed) in zip(returns, sorted(rerun["runs"].items())):
+    for text, (task, by_seed) in zip(returns, sorted(shared.items())):
         seeds = sorted(by_seed, key=int)
         now = statistics.median(by_seed[s]["wall_s"] / 60 for s in seeds)
         before = statistics.median(suite[task][s]["wall_s"] / 60 for s in seeds)
@@ -741,11 +747,11 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         SUITE_RESULT,
-        "`agents_learning_suite --seeds 0,1,2` at 50d1cfa (two suite processes side by side, "
-        "three tasks each): the quick preset, whose learner runs its 16 updates per call as one "
-        "XLA computation (the suite table below): mean eval return and minutes per run vs the "
-        "table's runs before (`agents_learning_suite_k8.json`: 8 per call as a graph loop, the "
-        "same maths) on the same seeds",
+        "`agents_learning_suite --seeds 0,1,2`, then `--seeds 3,4,5`, at 50d1cfa (two suite "
+        "processes side by side, three tasks each): the quick preset, whose learner runs its 16 "
+        "updates per call as one XLA computation (the suite table below): mean eval return and "
+        "minutes per run vs the table's runs before (`agents_learning_suite_k8.json`: 8 per "
+        "call as a graph loop, the same maths) on the seeds both ran",
         "{tasks}",
         derived={"tasks": _rerun_vs_suite_text},
     ),
