@@ -376,6 +376,9 @@ def main() -> None:
             "ours_bfloat16_over_ours_float32": ratio("ours_bfloat16", "ours_float32"),
             "keras_bfloat16_over_keras_float32": ratio("keras_mixed_bfloat16", "keras_float32"),
             "ours_bfloat16_over_keras_bfloat16": ratio("ours_bfloat16", "keras_mixed_bfloat16"),
+            "ours_v1_bfloat16_over_keras_bfloat16_same_architecture": ratio(
+                "ours_v1_bfloat16", "keras_mixed_bfloat16"
+            ),
             "cpu2_over_cpu_float32": ratio("ours_float32_cpu2", "ours_float32"),
             "bfloat16_gain_ours_over_keras": gain_over_gain(
                 "ours_bfloat16", "ours_float32", "keras_mixed_bfloat16", "keras_float32"
