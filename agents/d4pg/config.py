@@ -143,6 +143,13 @@ class D4PGConfig:
     # cartpole command). The penalty's gradient 2cx pulls such a policy back, and is
     # negligible next to the DPG where |x| is small. 0: off (Acme has none).
     policy_preactivation_penalty: float = 0.0
+    # Both Adam rates fall linearly from policy_lr / critic_lr at update 0 to
+    # `lr_final_scale` times them at update `lr_decay_updates`, and stay there: early
+    # learning keeps its speed while late updates move the weights less. 0: constant
+    # rates (Acme). In learner updates; an actor step is batch_size / samples_per_insert
+    # of an update (the quick preset: 0.5), so 100000 updates are its 200k actor steps.
+    lr_decay_updates: int = 0
+    lr_final_scale: float = 0.1
     target_update_period: int = 100
     jit_compile: bool = True  # XLA-compile the forward/backward pass of the update.
     # Image augmentation of the learner's batches (pixels only): pad by
@@ -241,6 +248,10 @@ class D4PGConfig:
                 "policy_preactivation_penalty must be >= 0 (0: off), got "
                 f"{self.policy_preactivation_penalty}"
             )
+        if self.lr_decay_updates < 0:
+            problems.append(f"lr_decay_updates must be >= 0 (0: off), got {self.lr_decay_updates}")
+        if not 0.0 <= self.lr_final_scale <= 1.0:
+            problems.append(f"lr_final_scale must be in [0, 1], got {self.lr_final_scale}")
         if self.sigma < 0:
             problems.append(f"sigma must be >= 0, got {self.sigma}")
         if self.random_shift_pad < 0:

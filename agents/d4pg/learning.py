@@ -189,7 +189,8 @@ class D4PGLearner(core.Learner):
          trains the policy;
       5. the optimisers average gradients across replicas (once); with `clipping` the
          averaged gradient of each network is clipped to global norm
-         `max_gradient_norm` first.
+         `max_gradient_norm` first; with `lr_decay_updates` Adam's rates for update k
+         are the configured ones times 1 - (1 - lr_final_scale) min(k / lr_decay_updates, 1).
 
     `step()` returns, reduced across replicas: critic_loss, policy_loss (-mean Q),
     q_mean, critic_grad_norm / policy_grad_norm (global norm of the averaged gradient,
@@ -197,7 +198,8 @@ class D4PGLearner(core.Learner):
     acted; its mean over updates is the clip fraction), dqda_norm (mean per-sample
     |dQ/da| before its clip), dqda_clip_fraction, policy_saturation (fraction of action
     dimensions whose pre-tanh |x| > 3, where tanh' < 0.01: near 1 for many updates means
-    a saturated policy), preactivation_penalty (its loss term, 0 when off),
+    a saturated policy), preactivation_penalty (its loss term, 0 when off), policy_lr and
+    critic_lr (with `lr_decay_updates` only: the rates the updates used),
     edge_mass (projected target mass on
     the two edge atoms), beyond_support_mass (target mass clipped onto them),
     n_step_return_max / _min, and every ~100 updates samples_per_insert (sampled /
@@ -238,12 +240,15 @@ class D4PGLearner(core.Learner):
         with replicator.scope():
             self._online = networks.make_networks(config, env_spec)
             self._target = networks.make_networks(config, env_spec, name_prefix="target_")
-            self._policy_optimizer = replicator.wrap_optimizer(
-                snt.optimizers.Adam(config.policy_lr)
-            )
-            self._critic_optimizer = replicator.wrap_optimizer(
-                snt.optimizers.Adam(config.critic_lr)
-            )
+            # With a decay the rates are variables the update assigns before Adam reads
+            # them (`_decay_learning_rates`); without one they stay constants, and the
+            # checkpoint holds what it held before the option existed.
+            policy_lr, critic_lr = config.policy_lr, config.critic_lr
+            if config.lr_decay_updates > 0:
+                policy_lr = tf.Variable(policy_lr, trainable=False, name="policy_lr")
+                critic_lr = tf.Variable(critic_lr, trainable=False, name="critic_lr")
+            self._policy_optimizer = replicator.wrap_optimizer(snt.optimizers.Adam(policy_lr))
+            self._critic_optimizer = replicator.wrap_optimizer(snt.optimizers.Adam(critic_lr))
             self._num_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_steps")
         self._copy_to_target()
         self._create_optimizer_state()
@@ -412,6 +417,8 @@ class D4PGLearner(core.Learner):
 
         if self._random_shift:
             batch = self._augment(batch)
+        if config.lr_decay_updates > 0:
+            self._decay_learning_rates()
         critic_grads, policy_grads, metrics = self._compute(batch)
         critic_norm = _mean_gradient_norm(critic_grads)
         policy_norm = _mean_gradient_norm(policy_grads)
@@ -429,6 +436,12 @@ class D4PGLearner(core.Learner):
         returns = tf.stack([tf.reduce_max(batch.reward), -tf.reduce_min(batch.reward)])
         if replication.num_replicas() > 1:  # The metrics' mean then keeps the extremes.
             returns = replication.all_reduce(returns, "max")
+        if config.lr_decay_updates > 0:  # The rates this update used.
+            metrics = {
+                **metrics,
+                "policy_lr": self._policy_optimizer.learning_rate.read_value(),
+                "critic_lr": self._critic_optimizer.learning_rate.read_value(),
+            }
         return {
             **metrics,
             "critic_grad_norm": critic_norm,
@@ -438,6 +451,18 @@ class D4PGLearner(core.Learner):
             "n_step_return_max": returns[0],
             "n_step_return_min": -returns[1],
         }
+
+    def _decay_learning_rates(self) -> None:
+        """Sets both Adam rates for the update `num_steps` (replica context): linear from
+        the configured rates at update 0 to `lr_final_scale` times them at update
+        `lr_decay_updates`, constant after. Every replica assigns the same value."""
+        config = self._config
+        progress = tf.minimum(
+            tf.cast(self._num_steps, tf.float32) / float(config.lr_decay_updates), 1.0
+        )
+        scale = 1.0 - (1.0 - config.lr_final_scale) * progress
+        self._policy_optimizer.learning_rate.assign(config.policy_lr * scale)
+        self._critic_optimizer.learning_rate.assign(config.critic_lr * scale)
 
     def _fused_updates(self, batches: Transition) -> dict[str, tf.Tensor]:
         """`updates_per_call` updates of one replica on K stacked batches ([K, B, ...]), in

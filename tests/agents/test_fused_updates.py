@@ -57,7 +57,11 @@ def _input_fn(ctx):
 
 
 def _learner(
-    updates_per_call: int, publish_period: int = 10, fuse: bool = True, **kwargs
+    updates_per_call: int,
+    publish_period: int = 10,
+    fuse: bool = True,
+    overrides: dict | None = None,
+    **kwargs,
 ) -> D4PGLearner:
     config = D4PGConfig.from_overrides(
         {
@@ -65,6 +69,7 @@ def _learner(
             "updates_per_call": updates_per_call,
             "publish_period": publish_period,
             "fuse_updates_per_call": fuse,
+            **(overrides or {}),
         }
     )
     return D4PGLearner(config, SPEC, replication.make("cpu"), _input_fn, **kwargs)
@@ -75,9 +80,16 @@ def _state(learner):
     return online + target + learner.optimizer_state()
 
 
+# A decay that ends at update 6, inside the second call: each update of a call must use
+# its own rate.
+DECAY = {"lr_decay_updates": 6, "lr_final_scale": 0.1}
+
+
+@pytest.mark.parametrize("overrides", [{}, DECAY], ids=["constant_rates", "decaying_rates"])
 @pytest.mark.parametrize("fuse", [True, False], ids=["one_xla_computation", "graph_loop"])
-def test_four_fused_updates_equal_four_single_updates(fuse):
-    fused, single = _learner(4, fuse=fuse), _learner(1)
+def test_four_fused_updates_equal_four_single_updates(fuse, overrides):
+    fused = _learner(4, fuse=fuse, overrides=overrides)
+    single = _learner(1, overrides=overrides)
     for src, dst in zip(
         fused.networks.all_variables() + fused.target_networks.all_variables(),
         single.networks.all_variables() + single.target_networks.all_variables(),

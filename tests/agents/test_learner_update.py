@@ -9,6 +9,8 @@ The checked update has target networks unlike the online ones, so a bootstrap ta
 computed with any online module (torso, policy or critic) fails it.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -265,12 +267,29 @@ CASES = {
 def test_one_update_matches_the_independent_reference(observations, jit_compile, penalty):
     """An update with online != target networks, as the learner runs it (XLA included),
     with and without the pre-tanh penalty on the policy."""
-    spec, overrides, make_data = CASES[observations]
-    overrides = {
-        **overrides,
-        "jit_compile": jit_compile,
-        "policy_preactivation_penalty": penalty,
-    }
+    _check_one_update_against_reference(
+        observations, {"jit_compile": jit_compile, "policy_preactivation_penalty": penalty}
+    )
+
+
+@pytest.mark.parametrize("update, scale", [(1, 0.8125), (6, 0.25)], ids=["decaying", "decayed"])
+def test_a_decaying_learning_rate_is_the_rate_of_the_reference_update(update, scale):
+    """With lr_decay_updates = 4 and lr_final_scale = 0.25, update k applies Adam with both
+    rates times 1 - 0.75 min(k / 4, 1): 0.8125 at update 1 and 0.25 from update 4 on."""
+    decay = {"jit_compile": True, "lr_decay_updates": 4, "lr_final_scale": 0.25}
+    metrics, config = _check_one_update_against_reference(
+        "features", decay, num_steps=update, lr_scale=scale
+    )
+    assert metrics["policy_lr"] == pytest.approx(config.policy_lr * scale, rel=1e-6)
+    assert metrics["critic_lr"] == pytest.approx(config.critic_lr * scale, rel=1e-6)
+
+
+def _check_one_update_against_reference(observations, overrides, num_steps=1, lr_scale=1.0):
+    """Runs update `num_steps` (not a target copy) of a learner with random online and
+    target networks and checks metrics, moments and parameters against the reference,
+    whose Adam steps use the config's rates times `lr_scale`. Returns (metrics, config)."""
+    spec, case_overrides, make_data = CASES[observations]
+    overrides = {**case_overrides, **overrides}
     data = make_data()
     config = D4PGConfig.from_overrides({**BASE, **overrides})
     shapes = networks.make_networks(config, spec).all_variables()
@@ -294,9 +313,16 @@ def test_one_update_matches_the_independent_reference(observations, jit_compile,
     ):
         for var, value in zip(variables, values):
             var.assign(value)
-    learner._num_steps.assign(1)  # Not a multiple of target_update_period: no copy.
+    assert num_steps % config.target_update_period  # No target copy in this update.
+    learner._num_steps.assign(num_steps)
     metrics = learner.step()
-    expected, moments, new_params, _ = _reference_update(learner._config, online, target, data)
+    reference_config = dataclasses.replace(
+        learner._config,
+        policy_lr=config.policy_lr * lr_scale,
+        critic_lr=config.critic_lr * lr_scale,
+        lr_decay_updates=0,
+    )
+    expected, moments, new_params, _ = _reference_update(reference_config, online, target, data)
 
     for got, want in zip(learner.get_variables(["target"])[0], target):
         np.testing.assert_array_equal(got, want)  # The targets the reference used.
@@ -311,6 +337,7 @@ def test_one_update_matches_the_independent_reference(observations, jit_compile,
             np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * 0.1, err_msg=group)
     for got, want in zip(learner.get_variables(["all"])[0], new_params):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    return metrics, config
 
 
 def test_target_networks_change_exactly_every_period():
