@@ -68,7 +68,7 @@ def _all_state(learner: D4PGLearner):
     return online + target + learner.optimizer_state()
 
 
-def main(pixels: bool, clip: bool, updates_per_call: int = 1) -> dict:
+def main(pixels: bool, clip: bool, updates_per_call: int = 1, lr_decay_updates: int = 0) -> dict:
     spec = _spec(pixels)
     overrides = {
         "policy_layers": "16,16",
@@ -84,6 +84,7 @@ def main(pixels: bool, clip: bool, updates_per_call: int = 1) -> dict:
         "policy_lr": 1e-4,
         "critic_lr": 1e-4,
         "updates_per_call": updates_per_call,
+        "lr_decay_updates": lr_decay_updates,
     }
     # A small clipping norm so that clipping of the averaged gradient is exercised too.
     results = {}
@@ -128,17 +129,20 @@ def main(pixels: bool, clip: bool, updates_per_call: int = 1) -> dict:
             ],
             "replicas": [REPL_2.num_replicas, REPL_1.num_replicas],
             "updates_per_call": updates_per_call,
+            "final_policy_lr": metrics_two.get("policy_lr"),
         }
     return results
 
 
 if __name__ == "__main__":
     # Features with clipping (the all-reduce-then-clip path), pixels without (conv torso),
-    # and 3 updates per compiled call (a target copy, period 2, falls inside each call).
+    # and 3 updates per compiled call (a target copy, period 2, falls inside each call)
+    # with both learning rates decaying until update 10 of the 15 (the rates are
+    # variables every replica assigns).
     results = {
         "features": main(False, clip=True),
         "pixels": main(True, clip=False),
-        "fused": main(False, clip=True, updates_per_call=3),
+        "fused": main(False, clip=True, updates_per_call=3, lr_decay_updates=10),
     }
     print("RESULT " + json.dumps(results))
     sys.stdout.flush()
