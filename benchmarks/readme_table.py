@@ -653,6 +653,25 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
+        "agents_learning_suite_policy_lr3e-4_suite.json",
+        "`agents_learning_suite --seeds 0,1,2 --launch-flag=--config.policy_lr=0.0003`: the "
+        "quick preset with a slower policy (Adam 3e-4, the preset's 1e-3) on the whole suite, "
+        "at 23008f7 (two runs at a time): mean eval return vs the suite table's runs "
+        "(`agents_learning_suite.json`) of the same seeds, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+    ),
+    Row(
+        "agents_learning_suite_lr_decay.json",
+        "`agents_learning_suite --seeds 0,1,2 --launch-flag=--config.lr_decay_updates=100000 "
+        "--launch-flag=--config.lr_final_scale=0.1`: both Adam rates decaying linearly from the "
+        "quick preset's 1e-3 to 1e-4 over 100k learner updates (200k actor steps), at f0e42b7 "
+        "(two runs at a time): mean eval return vs the suite table's runs "
+        "(`agents_learning_suite.json`) of the same seeds, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+    ),
+    Row(
         "agents_learning_suite_wide.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch "
         "--launch-flag=--config.policy_layers=256,256 --launch-flag=--config.critic_layers=256,256`: "
@@ -708,6 +727,14 @@ ROWS: tuple[Row, ...] = (
         "`launch_time_to_score`: the README's main command (`replicator launch d4pg`, defaults: "
         "local backend, 2 actors, cartpole:swingup), wall time to eval return 800, median of 3 "
         "seeds",
+    ),
+    _time_to_score_row(
+        "launch_time_to_score_lr_decay.json",
+        "`launch_time_to_score --launch-flag=--config.lr_decay_updates=100000 "
+        "--launch-flag=--config.lr_final_scale=0.1`: the README's main command with both Adam "
+        "rates decaying from 1e-3 to 1e-4 over 100k learner updates (a candidate, not the "
+        "default), wall time to eval return 800, median of 3 seeds, at f0e42b7 on a quiet "
+        "machine (the row above ran in an earlier session)",
     ),
     _time_to_score_row(
         "launch_time_to_score_seeds3-5.json",
