@@ -619,6 +619,13 @@ ROWS: tuple[Row, ...] = (
         "2026-12-04) / 8 (the preset's before)",
     ),
     _setting_ab_row(
+        "lr_decay",
+        "`launch_setting_ab --flag=--config.lr_decay_updates=100000 "
+        "--flag=--config.lr_final_scale=0.1`: the README's main command with both Adam rates "
+        "decaying from 1e-3 to 1e-4 over 100k learner updates (a candidate) / the defaults "
+        "(constant 1e-3)",
+    ),
+    _setting_ab_row(
         "learner_cpu2",
         "`launch_setting_ab --flag=--learner-replicas=cpu:2`: the README's main command with the "
         "learner's update split over 2 CPU replicas / the defaults (one replica)",
