@@ -146,8 +146,9 @@ class D4PGConfig:
     # Both Adam rates fall linearly from policy_lr / critic_lr at update 0 to
     # `lr_final_scale` times them at update `lr_decay_updates`, and stay there: early
     # learning keeps its speed while late updates move the weights less. 0: constant
-    # rates (Acme). In learner updates; an actor step is batch_size / samples_per_insert
-    # of an update (the quick preset: 0.5), so 100000 updates are its 200k actor steps.
+    # rates (Acme). In learner updates: an actor step brings samples_per_insert /
+    # batch_size of an update (the quick preset: 32 / 64), so 100000 updates are its 200k
+    # actor steps.
     lr_decay_updates: int = 0
     lr_final_scale: float = 0.1
     target_update_period: int = 100
