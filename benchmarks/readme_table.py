@@ -670,7 +670,7 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "agents_learning_suite_lr_decay.json",
-        "`agents_learning_suite --seeds 0,1,2 --launch-flag=--config.lr_decay_updates=100000 "
+        "`agents_learning_suite --seeds 0,1,2` (then `--seeds 3`) `--launch-flag=--config.lr_decay_updates=100000 "
         "--launch-flag=--config.lr_final_scale=0.1`: both Adam rates decaying linearly from the "
         "quick preset's 1e-3 to 1e-4 over 100k learner updates (200k actor steps), at f0e42b7 "
         "(two runs at a time): mean eval return vs the suite table's runs "
