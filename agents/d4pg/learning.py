@@ -417,8 +417,8 @@ class D4PGLearner(core.Learner):
 
         if self._random_shift:
             batch = self._augment(batch)
-        if config.lr_decay_updates > 0:
-            self._decay_learning_rates()
+        # With a decay, the rates this update uses (reported with its metrics).
+        rates = self._decay_learning_rates() if config.lr_decay_updates > 0 else {}
         critic_grads, policy_grads, metrics = self._compute(batch)
         critic_norm = _mean_gradient_norm(critic_grads)
         policy_norm = _mean_gradient_norm(policy_grads)
@@ -436,14 +436,9 @@ class D4PGLearner(core.Learner):
         returns = tf.stack([tf.reduce_max(batch.reward), -tf.reduce_min(batch.reward)])
         if replication.num_replicas() > 1:  # The metrics' mean then keeps the extremes.
             returns = replication.all_reduce(returns, "max")
-        if config.lr_decay_updates > 0:  # The rates this update used.
-            metrics = {
-                **metrics,
-                "policy_lr": self._policy_optimizer.learning_rate.read_value(),
-                "critic_lr": self._critic_optimizer.learning_rate.read_value(),
-            }
         return {
             **metrics,
+            **rates,
             "critic_grad_norm": critic_norm,
             "policy_grad_norm": policy_norm,
             "critic_clipped": tf.cast(critic_norm > clip, tf.float32),
@@ -452,17 +447,20 @@ class D4PGLearner(core.Learner):
             "n_step_return_min": -returns[1],
         }
 
-    def _decay_learning_rates(self) -> None:
+    def _decay_learning_rates(self) -> dict[str, tf.Tensor]:
         """Sets both Adam rates for the update `num_steps` (replica context): linear from
         the configured rates at update 0 to `lr_final_scale` times them at update
-        `lr_decay_updates`, constant after. Every replica assigns the same value."""
+        `lr_decay_updates`, constant after. Every replica assigns the same value.
+        Returns the two rates as `policy_lr` and `critic_lr`."""
         config = self._config
         progress = tf.minimum(
             tf.cast(self._num_steps, tf.float32) / float(config.lr_decay_updates), 1.0
         )
         scale = 1.0 - (1.0 - config.lr_final_scale) * progress
-        self._policy_optimizer.learning_rate.assign(config.policy_lr * scale)
-        self._critic_optimizer.learning_rate.assign(config.critic_lr * scale)
+        rates = {"policy_lr": config.policy_lr * scale, "critic_lr": config.critic_lr * scale}
+        self._policy_optimizer.learning_rate.assign(rates["policy_lr"])
+        self._critic_optimizer.learning_rate.assign(rates["critic_lr"])
+        return rates
 
     def _fused_updates(self, batches: Transition) -> dict[str, tf.Tensor]:
         """`updates_per_call` updates of one replica on K stacked batches ([K, B, ...]), in
