@@ -133,6 +133,9 @@ def _kills_text(kills: list[Mapping[str, Any]]) -> str:
 
 
 SUITE_RESULT = "agents_learning_suite.json"
+# The suite table's runs until the quick preset's learning rates decayed (constant Adam
+# 1e-3): the baseline of the rows that compared settings with it on 2026-12-04.
+CONSTANT_LR_SUITE_RESULT = "agents_learning_suite_constant_lr.json"
 # The suite table's runs before the learner's 16 updates per call became one XLA computation
 # (8 per call as a graph loop, the same agent otherwise): the baseline of the rows that
 # compared settings with the suite table until 2026-12-04.
@@ -663,20 +666,23 @@ ROWS: tuple[Row, ...] = (
         "agents_learning_suite_policy_lr3e-4_suite.json",
         "`agents_learning_suite --seeds 0,1,2 --launch-flag=--config.policy_lr=0.0003`: the "
         "quick preset with a slower policy (Adam 3e-4, the preset's 1e-3) on the whole suite, "
-        "at 23008f7 (two runs at a time): mean eval return vs the suite table's runs "
-        "(`agents_learning_suite.json`) of the same seeds, 10 episodes per evaluation",
+        "at 23008f7 (two runs at a time): mean eval return vs the suite table's runs then "
+        "(constant rates, `agents_learning_suite_constant_lr.json`) of the same seeds, 10 "
+        "episodes per evaluation",
         "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, CONSTANT_LR_SUITE_RESULT)},
     ),
     Row(
-        "agents_learning_suite_lr_decay.json",
-        "`agents_learning_suite --seeds 0,1,2` (then `--seeds 3`) `--launch-flag=--config.lr_decay_updates=100000 "
-        "--launch-flag=--config.lr_final_scale=0.1`: both Adam rates decaying linearly from the "
-        "quick preset's 1e-3 to 1e-4 over 100k learner updates (200k actor steps), at f0e42b7 "
-        "(two runs at a time): mean eval return vs the suite table's runs "
-        "(`agents_learning_suite.json`) of the same seeds, 10 episodes per evaluation",
+        SUITE_RESULT,
+        "`agents_learning_suite --seeds 0,1,2` (then `--seeds 3`, then `--seeds 4,5`) "
+        "`--launch-flag=--config.lr_decay_updates=100000 --launch-flag=--config.lr_final_scale=0.1`: "
+        "both Adam rates decaying linearly from 1e-3 to 1e-4 over 100k learner updates (200k "
+        "actor steps), the quick preset's since these runs (the suite table below), at f0e42b7 "
+        "and ac95df2 (the same agent; two runs at a time): mean eval return vs the constant "
+        "rates of the preset before (`agents_learning_suite_constant_lr.json`) on the same seeds, "
+        "10 episodes per evaluation",
         "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT)},
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, CONSTANT_LR_SUITE_RESULT)},
     ),
     Row(
         "agents_learning_suite_wide.json",
@@ -730,10 +736,10 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": _rerun_vs_suite_text},
     ),
     _time_to_score_row(
-        "launch_time_to_score.json",
+        "launch_time_to_score_constant_lr.json",
         "`launch_time_to_score`: the README's main command (`replicator launch d4pg`, defaults: "
-        "local backend, 2 actors, cartpole:swingup), wall time to eval return 800, median of 3 "
-        "seeds",
+        "local backend, 2 actors, cartpole:swingup) with the quick preset's constant Adam rates "
+        "(before they decayed), wall time to eval return 800, median of 3 seeds",
     ),
     _time_to_score_row(
         "launch_time_to_score_lr_decay.json",
@@ -746,8 +752,9 @@ ROWS: tuple[Row, ...] = (
     _time_to_score_row(
         "launch_time_to_score_seeds3-5.json",
         "`launch_time_to_score`: the README's main command (`replicator launch d4pg`, defaults: "
-        "local backend, 2 actors, cartpole:swingup), wall time to eval return 800, median of 3 "
-        "more seeds (3, 4, 5; `--seeds 3,4,5`), at the same commit as the row above",
+        "local backend, 2 actors, cartpole:swingup) with the constant rates, wall time to eval "
+        "return 800, median of 3 more seeds (3, 4, 5; `--seeds 3,4,5`), at the commit of "
+        "`launch_time_to_score_constant_lr.json`",
     ),
     Row(
         "agents_learning_suite_penalty1e-3.json",
@@ -780,10 +787,11 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": _candidate_vs_default_text},
     ),
     Row(
-        SUITE_RESULT,
+        CONSTANT_LR_SUITE_RESULT,
         "`agents_learning_suite --seeds 0,1,2`, then `--seeds 3,4,5`, at 50d1cfa (two suite "
-        "processes side by side, three tasks each): the quick preset, whose learner runs its 16 "
-        "updates per call as one XLA computation (the suite table below): mean eval return and "
+        "processes side by side, three tasks each): the quick preset with constant Adam rates, "
+        "whose learner runs its 16 updates per call as one XLA computation (the suite table's "
+        "runs until the decaying rates): mean eval return and "
         "minutes per run vs the table's runs before (`agents_learning_suite_k8.json`: 8 per "
         "call as a graph loop, the same maths) on the seeds both ran",
         "{tasks}",
@@ -1113,14 +1121,27 @@ def _preset_summary(preset: dict | None, launch_flags: list[str] | None = None) 
     used = dict(preset)
     for flag in launch_flags or ():
         key, _, value = flag.removeprefix("--config.").partition("=")
-        if flag.startswith("--config.") and isinstance(used.get(key), (int, float)):
+        numeric = isinstance(used.get(key), (int, float)) or key in _DECAY_KEYS
+        if flag.startswith("--config.") and numeric:
             used[key] = float(value)
     penalty = used.get("policy_preactivation_penalty") or 0
+    decay_updates = used.get("lr_decay_updates") or 0
+    decay = (
+        f" decaying linearly to x{used.get('lr_final_scale', 0.1):g} over "
+        f"{decay_updates:,.0f} learner updates"
+        if decay_updates
+        else ""
+    )
     return (
         f"samples_per_insert {used['samples_per_insert']:g}, "
-        f"Adam {used['policy_lr']:g} (policy) / {used['critic_lr']:g} (critic)"
+        f"Adam {used['policy_lr']:g} (policy) / {used['critic_lr']:g} (critic){decay}"
         + (f", policy_preactivation_penalty {penalty:g}" if penalty else "")
     )
+
+
+# Learning-rate decay keys: presets before the decay existed do not hold them, so a run's
+# launch flags name them without a preset value to override.
+_DECAY_KEYS = ("lr_decay_updates", "lr_final_scale")
 
 
 def _k(steps: float) -> str:

@@ -32,6 +32,8 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "transitions_per_item": 1,
     "item_pool_size": 256,  # Unused with one transition per item.
     "shuffle_buffer_transitions": 4096,  # Likewise.
+    "lr_decay_updates": 0,  # Constant rates: no run decayed them before the key existed.
+    "lr_final_scale": 0.1,  # Unused without a decay.
 }
 
 

@@ -105,3 +105,15 @@ def test_the_actor_target_is_checked_on_cpu_time_only_under_load(noisy):
     data["actor"]["actor_over_raw_wall"]["g16_k16"] = 0.7
     target = readme_table.render_row(row, data).split(" | ")[-2]
     assert target.endswith(">= 0.8" if noisy else ">= 0.8 (not met)")
+
+
+def test_the_suite_note_names_a_learning_rate_decay_from_the_preset_or_a_flag():
+    constant = {"samples_per_insert": 32.0, "policy_lr": 1e-3, "critic_lr": 1e-3}
+    decaying = "decaying linearly to x0.1 over 100,000 learner updates"
+    assert "decaying" not in readme_table._preset_summary(constant)
+    flags = ["--config.lr_decay_updates=100000", "--config.lr_final_scale=0.1"]
+    assert decaying in readme_table._preset_summary(constant, flags)
+    in_preset = dict(constant, lr_decay_updates=100_000, lr_final_scale=0.1)
+    assert decaying in readme_table._preset_summary(in_preset)
+    off_by_flag = readme_table._preset_summary(in_preset, ["--config.lr_decay_updates=0"])
+    assert "decaying" not in off_by_flag
