@@ -736,6 +736,13 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": _rerun_vs_suite_text},
     ),
     _time_to_score_row(
+        "launch_time_to_score.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command (`replicator "
+        "launch d4pg`, defaults: local backend, 2 actors, cartpole:swingup; the quick preset's "
+        "decaying Adam rates), wall time to eval return 800, median of 6 seeds, one launch at "
+        "a time, at 1b8209b",
+    ),
+    _time_to_score_row(
         "launch_time_to_score_constant_lr.json",
         "`launch_time_to_score`: the README's main command (`replicator launch d4pg`, defaults: "
         "local backend, 2 actors, cartpole:swingup) with the quick preset's constant Adam rates "
