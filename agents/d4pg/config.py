@@ -150,7 +150,8 @@ class D4PGConfig:
     # learning keeps its speed while late updates move the weights less. 0: constant
     # rates (Acme). In learner updates: an actor step brings samples_per_insert /
     # batch_size of an update (the quick preset: 32 / 64), so 100000 updates are its 200k
-    # actor steps. The quick preset sets 100000 and 0.1 (chosen on the suite: docs/d4pg.md).
+    # actor steps. The quick preset of `replicator launch d4pg` decays to 0.1 over each
+    # run's own budget (chosen on the suite: docs/d4pg.md).
     lr_decay_updates: int = 0
     lr_final_scale: float = 0.1
     target_update_period: int = 100

@@ -313,11 +313,18 @@ def resolve(raw_args, overrides: dict[str, str]):
     saved = run_dir.read_identity() if run_dir else None
 
     try:
+        preset = None
         if saved is not None and saved.get("program") == "d4pg" and args.preset is None:
             base = D4PGConfig.from_saved(saved.get("config", {}))  # Resume: the run's own settings.
         else:
-            base = D4PGConfig.from_overrides(d4pg_program.PRESETS[args.preset or "quick"])
+            preset = args.preset or "quick"
+            base = D4PGConfig.from_overrides(d4pg_program.PRESETS[preset])
         config = D4PGConfig.from_overrides(overrides, base=base)
+        decays_over_budget = preset in d4pg_program.LR_DECAY_OVER_BUDGET_PRESETS
+        if decays_over_budget and "lr_decay_updates" not in overrides:
+            # The preset's rates decay over this run's budget; a resume reads it back.
+            span = d4pg_program.updates_in_budget(config, args.steps)
+            config = D4PGConfig.from_overrides({"lr_decay_updates": span}, base=config)
     except ValueError as e:
         raise LaunchError(f"{e}. Set keys as --config.KEY=VALUE.") from None
 

@@ -317,7 +317,7 @@ def test_show_config_prints_effective_flags(capsys):
     assert "--config.transitions_per_item=16" in lines  # Resolved, as the run stores it.
     # The quick preset guards against a saturated policy; the paper preset is Acme's.
     assert "--config.policy_preactivation_penalty=0.0001" in lines
-    assert "--config.lr_decay_updates=100000" in lines  # Its rates decay; Acme's do not.
+    assert "--config.lr_decay_updates=50000" in lines  # Over the 100k-step budget; Acme: 0.
     assert cli.main(["launch", "d4pg", "--preset", "paper", "--show-config"]) == 0
     paper = capsys.readouterr().out.split()
     assert "--config.policy_layers=256,256,256" in paper

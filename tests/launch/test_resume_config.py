@@ -24,9 +24,9 @@ LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS
 def _old_run(tmp_path, **config_changes) -> str:
     """A run directory as a launch before the later keys wrote it (run.json only)."""
     config = D4PGConfig.from_overrides(d4pg_program.PRESETS["quick"]).to_dict()
-    config.update(config_changes)
     for key in LATER_KEYS:
         del config[key]
+    config.update(config_changes)
     run_dir = str(tmp_path / "run")
     os.makedirs(run_dir)
     identity = {**d4pg_program.identity("cartpole:swingup", config), "launches": 1}
@@ -104,3 +104,27 @@ def test_a_program_built_in_python_gives_every_node_one_layout_for_its_learner()
         program = s.tiny_program(learner_workers=workers)
         layouts = {n.kwargs["config"]["transitions_per_item"] for n in program.nodes}
         assert layouts == {group}, workers
+
+
+@pytest.mark.parametrize("steps, span", [("100000", 50_000), ("500000", 250_000)])
+def test_a_new_quick_run_decays_its_rates_over_its_own_budget(tmp_path, steps, span):
+    """32 samples per insert at batch 64: half an update per actor step, stored as a number."""
+    _, config, identity, _, _, _, _ = _resolve(str(tmp_path / "run"), "--steps", steps)
+    assert config.lr_decay_updates == span
+    assert identity["config"]["lr_decay_updates"] == span
+
+
+def test_a_given_decay_span_wins_and_the_paper_preset_keeps_constant_rates(tmp_path):
+    _, config, _, _, _, _, _ = _resolve(
+        str(tmp_path / "a"), "--steps", "500000", lr_decay_updates=7
+    )
+    assert config.lr_decay_updates == 7
+    _, paper, _, _, _, _, _ = _resolve(str(tmp_path / "b"), "--preset", "paper")
+    assert paper.lr_decay_updates == 0
+
+
+def test_a_resumed_run_keeps_the_decay_span_it_started_with(tmp_path):
+    """Resuming with a larger --steps must not stretch the schedule the run has followed."""
+    run_dir = _old_run(tmp_path, lr_decay_updates=50_000, lr_final_scale=0.1)
+    _, config, _, _, resuming, _, _ = _resolve(run_dir, "--steps", "300000")
+    assert resuming and config.lr_decay_updates == 50_000
