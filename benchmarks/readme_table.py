@@ -748,8 +748,14 @@ ROWS: tuple[Row, ...] = (
         "launch_time_to_score.json",
         "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command (`replicator "
         "launch d4pg`, defaults: local backend, 2 actors, cartpole:swingup; the quick preset's "
-        "decaying Adam rates), wall time to eval return 800, median of 6 seeds, one launch at "
-        "a time, at 1b8209b",
+        "Adam rates decaying over the run's 100k-step budget, i.e. 50k updates), wall time to "
+        "eval return 800, median of 6 seeds, one launch at a time, at b740345",
+    ),
+    _time_to_score_row(
+        "launch_time_to_score_lr_decay_100k.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command with the rates "
+        "decaying over a fixed 100k updates (the quick preset at 1b8209b), wall time to eval "
+        "return 800, median of 6 seeds, one launch at a time, in the hour before the row above",
     ),
     _time_to_score_row(
         "launch_time_to_score_constant_lr.json",
