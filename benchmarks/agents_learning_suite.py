@@ -99,6 +99,9 @@ def run_one(task: str, seed: int, steps: int, timeout_s: float, keep: bool, extr
         raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     rows = read_csv(os.path.join(run_dir, "metrics.csv"))
     evals = [r for r in rows if "eval_return" in r]
+    # What the run resolved (e.g. the preset's decay span from --steps), as it stored it.
+    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+        run_config = json.load(f)
     totals = _totals(run_dir)
     load_after = os.getloadavg()
     result = {
@@ -120,6 +123,7 @@ def run_one(task: str, seed: int, steps: int, timeout_s: float, keep: bool, extr
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
         # The defaults change as they are tuned: keep the ones this run got.
         "quick_preset": dict(d4pg_program.PRESETS["quick"]),
+        "run_config": run_config,
     }
     if not keep:
         subprocess.run(["rm", "-rf", run_dir], check=False)

@@ -686,8 +686,9 @@ ROWS: tuple[Row, ...] = (
         "`agents_learning_suite --seeds 0,1,2` (then `--seeds 3`, then `--seeds 4,5`) "
         "`--launch-flag=--config.lr_decay_updates=100000 --launch-flag=--config.lr_final_scale=0.1`: "
         "both Adam rates decaying linearly from 1e-3 to 1e-4 over 100k learner updates (200k "
-        "actor steps), the quick preset's since these runs (the suite table below), at f0e42b7 "
-        "and ac95df2 (the same agent; two runs at a time): mean eval return vs the constant "
+        "actor steps; the quick preset's rule since, a decay over the run's budget, gives "
+        "102,500 for the suite's 205k launch steps): the suite table below, at f0e42b7 and "
+        "ac95df2 (the same agent; two runs at a time): mean eval return vs the constant "
         "rates of the preset before (`agents_learning_suite_constant_lr.json`) on the same seeds, "
         "10 episodes per evaluation",
         "{tasks}",
@@ -1153,7 +1154,15 @@ def _spread(stats: Mapping[str, Any] | None, digits: int = 0) -> str:
     )
 
 
-def _preset_summary(preset: dict | None, launch_flags: list[str] | None = None) -> str:
+def _run_preset_summary(run: Mapping[str, Any]) -> str:
+    """`_preset_summary` of one suite run: the config it resolved and stored where the
+    result holds it, else its preset with its launch flags applied."""
+    if run.get("run_config"):
+        return _preset_summary(run["run_config"])
+    return _preset_summary(run.get("quick_preset"), run.get("launch_flags"))
+
+
+def _preset_summary(preset: Mapping | None, launch_flags: list[str] | None = None) -> str:
     """The tuned keys of a stored quick preset as the runs used it, i.e. with the run's
     `--config.KEY=VALUE` launch flags applied ("not recorded" for runs before it was)."""
     if not preset:
@@ -1257,9 +1266,7 @@ def render_suite(results: Path = RESULTS) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     presets = {
-        _preset_summary(run.get("quick_preset"), run.get("launch_flags"))
-        for by_seed in data["runs"].values()
-        for run in by_seed.values()
+        _run_preset_summary(run) for by_seed in data["runs"].values() for run in by_seed.values()
     }
     lines.append(
         "\nState features against state features, at equal environment (actor) steps. Ours: "
@@ -1274,7 +1281,7 @@ def render_suite(results: Path = RESULTS) -> str:
     )
     if long:
         long_presets = {
-            _preset_summary(run.get("quick_preset"), run.get("launch_flags"))
+            _run_preset_summary(run)
             for by_seed in long["runs"].values()
             for run in by_seed.values()
         }

@@ -117,3 +117,13 @@ def test_the_suite_note_names_a_learning_rate_decay_from_the_preset_or_a_flag():
     assert decaying in readme_table._preset_summary(in_preset)
     off_by_flag = readme_table._preset_summary(in_preset, ["--config.lr_decay_updates=0"])
     assert "decaying" not in off_by_flag
+
+
+def test_a_suite_run_is_summarised_by_the_config_it_stored_before_its_preset_and_flags():
+    """A run's own config holds what the launch resolved (the decay span from --steps)."""
+    preset = {"samples_per_insert": 32.0, "policy_lr": 1e-3, "critic_lr": 1e-3}
+    stored = dict(preset, lr_decay_updates=102_500, lr_final_scale=0.1)
+    run = {"quick_preset": preset, "launch_flags": [], "run_config": stored}
+    assert "over 102,500 learner updates" in readme_table._run_preset_summary(run)
+    older = {"quick_preset": preset, "launch_flags": ["--config.lr_decay_updates=100000"]}
+    assert "over 100,000 learner updates" in readme_table._run_preset_summary(older)
