@@ -78,7 +78,8 @@ def add_flags(d4pg: argparse.ArgumentParser) -> None:
         "--steps",
         type=int,
         default=None,
-        help="actor steps budget of the run, counted over relaunches "
+        help="actor steps budget of the run, counted over relaunches; the quick preset's "
+        "learning rates decay over a new run's budget "
         f"(default: {d4pg_program.QUICK_STEPS}{own})",
     )
     d4pg.add_argument(
