@@ -135,6 +135,8 @@ def _kills_text(kills: list[Mapping[str, Any]]) -> str:
 SUITE_RESULT = "agents_learning_suite.json"
 # 500k-step runs of the slowest-to-plateau tasks: the suite script with --steps 500000.
 SUITE_LONG_RESULT = "agents_learning_suite_500k.json"
+# The 500k column's runs until the quick preset's rates decayed (constant Adam 1e-3).
+LONG_CONSTANT_LR_RESULT = "agents_learning_suite_500k_constant_lr.json"
 # The suite table's runs until the quick preset's learning rates decayed (constant Adam
 # 1e-3): the baseline of the rows that compared settings with it on 2026-12-04.
 CONSTANT_LR_SUITE_RESULT = "agents_learning_suite_constant_lr.json"
@@ -341,10 +343,13 @@ def _long_runs_text(before: Mapping[str, Any], now: Mapping[str, Any] | None = N
     return "; ".join(parts)
 
 
-def _long_candidate_text(candidate: Mapping[str, Any]) -> str:
-    """`_long_runs_text` of a candidate's long runs against the 500k column's."""
-    column = json.loads((RESULTS / SUITE_LONG_RESULT).read_text(encoding="utf-8"))
-    return _long_runs_text(column, now=candidate)
+def _read_result(name: str) -> dict[str, Any]:
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def _long_vs_constant_lr_text(candidate: Mapping[str, Any]) -> str:
+    """`_long_runs_text` of long runs against the constant rates' long runs."""
+    return _long_runs_text(_read_result(LONG_CONSTANT_LR_RESULT), now=candidate)
 
 
 def _steps_to_target_text(result: Mapping[str, Any]) -> str:
@@ -833,32 +838,36 @@ ROWS: tuple[Row, ...] = (
     Row(
         "agents_learning_suite_500k_no_penalty.json",
         "`agents_learning_suite --tasks cheetah:run,walker:walk,finger:spin --seeds 0,1 "
-        "--steps 500000`: the long runs of the suite table's 500k column (the quick preset, "
-        "penalty 1e-4) vs the same runs without the penalty (the preset before 2026-12-04; "
+        "--steps 500000`: the long runs with the quick preset's constant rates and penalty 1e-4 "
+        "(`agents_learning_suite_500k_constant_lr.json`, the 500k column until the rates "
+        "decayed) vs the same runs without the penalty (the preset before 2026-12-04; "
         "cheetah:run seed 0 of those had `--config.transitions_per_item=16` set, then not yet "
         "the default), mean eval, 10 episodes per evaluation",
         "{tasks}",
-        derived={"tasks": _long_runs_text},
+        derived={"tasks": lambda d: _long_runs_text(d, now=_read_result(LONG_CONSTANT_LR_RESULT))},
     ),
     Row(
         "agents_learning_suite_500k_lr_decay.json",
         "`agents_learning_suite --tasks cheetah:run,finger:spin,walker:walk --seeds 0` beside "
         "`--seeds 1`, `--steps 500000`, at 1b8209b: the quick preset's rates decaying from 1e-3 "
         "over a fixed 100k learner updates (that commit's rule), then 1e-4 for the last 300k "
-        "actor steps, vs the 500k column's runs (constant rates) on the same seeds, mean eval, "
-        "10 episodes per evaluation",
+        "actor steps, vs the constant rates' long runs "
+        "(`agents_learning_suite_500k_constant_lr.json`) on the same seeds, mean eval, 10 "
+        "episodes per evaluation",
         "{tasks}",
-        derived={"tasks": _long_candidate_text},
+        derived={"tasks": _long_vs_constant_lr_text},
     ),
     Row(
-        "agents_learning_suite_500k_decay_to_end.json",
-        "`agents_learning_suite --tasks cheetah:run,finger:spin --seeds 0` beside `--seeds 1`, "
-        "`--steps 500000 --launch-flag=--config.lr_decay_updates=250000`, at 1b8209b: the rates "
-        "decaying over the whole run (the quick preset's rule since; it sets 252,500 for the "
-        "suite's 505k launch steps), vs the 500k column's runs (constant rates) on the same "
-        "seeds, mean eval, 10 episodes per evaluation",
+        SUITE_LONG_RESULT,
+        "`agents_learning_suite --tasks cheetah:run,finger:spin --seeds 0` beside `--seeds 1` at "
+        "1b8209b, then `--tasks walker:walk` at 1910826, `--steps 500000 "
+        "--launch-flag=--config.lr_decay_updates=250000`: the rates decaying over the whole run "
+        "(the quick preset's rule since, which sets 252,500 for the suite's 505k launch steps): "
+        "the suite table's 500k column, vs the constant rates' long runs "
+        "(`agents_learning_suite_500k_constant_lr.json`) on the same seeds, mean eval, 10 "
+        "episodes per evaluation",
         "{tasks}",
-        derived={"tasks": _long_candidate_text},
+        derived={"tasks": _long_vs_constant_lr_text},
     ),
     Row(
         "launch_time_to_score_penalty.json",
@@ -1130,6 +1139,7 @@ def uncovered(results: Path = RESULTS) -> list[str]:
         SUITE_RESULT,
         NO_PENALTY_SUITE_RESULT,
         SUITE_LONG_RESULT,
+        LONG_CONSTANT_LR_RESULT,
         GPU_CHECK_RESULT,
         SNGAN_BATCHES_RESULT,
     }
