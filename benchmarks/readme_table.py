@@ -314,11 +314,9 @@ def _rerun_vs_suite_text(rerun: Mapping[str, Any], baseline: str = K8_SUITE_RESU
     return "; ".join(parts)
 
 
-def _long_runs_text(before: Mapping[str, Any], now: Mapping[str, Any] | None = None) -> str:
+def _long_runs_text(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
     """Per task: the long (500k) runs' mean eval at 200k and 500k and collapses, `now`'s
-    runs (default: the suite table's 500k column) vs `before`'s on the same seeds."""
-    if now is None:
-        now = json.loads((RESULTS / SUITE_LONG_RESULT).read_text(encoding="utf-8"))
+    runs vs `before`'s on the same seeds."""
 
     def mean(runs: Mapping[str, Any], seeds: list[str], at: int) -> str:
         values = [_nearest_evaluation(runs.get(s, {}).get("curve"), at) for s in seeds]
@@ -344,6 +342,7 @@ def _long_runs_text(before: Mapping[str, Any], now: Mapping[str, Any] | None = N
 
 
 def _read_result(name: str) -> dict[str, Any]:
+    """A stored result that a row compares with (read when the table is rendered)."""
     return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
 
