@@ -149,10 +149,15 @@ K8_SUITE_RESULT = "agents_learning_suite_k8.json"
 NO_PENALTY_SUITE_RESULT = "agents_learning_suite_no_penalty.json"
 
 
+def _read_result(name: str) -> dict[str, Any]:
+    """A stored result that a row compares with (read when the table is rendered)."""
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
 def _layout_suite_text(one_per_item: Mapping[str, Any]) -> str:
     """Per task: the default layout's (16 per item) mean return at 100k and 200k against
     one transition per item (with the range of its seeds)."""
-    default = json.loads((RESULTS / NO_PENALTY_SUITE_RESULT).read_text(encoding="utf-8"))
+    default = _read_result(NO_PENALTY_SUITE_RESULT)
 
     def at(summary: Mapping[str, Any] | None, steps: str, spread: bool = False) -> str:
         point = (summary or {}).get("at_steps", {}).get(steps)
@@ -271,7 +276,7 @@ def _candidate_vs_default_text(
     """Per task: a candidate setting's suite runs against the `baseline` suite's runs of
     the same seeds (by default the preset before the penalty), at 100k and 200k actor
     steps."""
-    default = json.loads((RESULTS / baseline).read_text(encoding="utf-8"))["runs"]
+    default = _read_result(baseline)["runs"]
 
     def mean(values: list[float | None]) -> str:
         # "-" unless every seed has an evaluation there: a mean over fewer would not compare.
@@ -298,7 +303,7 @@ def _rerun_vs_suite_text(rerun: Mapping[str, Any], baseline: str = K8_SUITE_RESU
     """Per task: a re-run of the preset against the `baseline` suite's runs of the same
     seeds (those both ran), mean eval at 100k and 200k actor steps and the median minutes
     per run of each."""
-    suite = json.loads((RESULTS / baseline).read_text(encoding="utf-8"))["runs"]
+    suite = _read_result(baseline)["runs"]
     shared = {
         task: {s: run for s, run in by_seed.items() if s in suite.get(task, {})}
         for task, by_seed in rerun["runs"].items()
@@ -339,11 +344,6 @@ def _long_runs_text(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
             f"{collapsed[0]} vs {collapsed[1]}"
         )
     return "; ".join(parts)
-
-
-def _read_result(name: str) -> dict[str, Any]:
-    """A stored result that a row compares with (read when the table is rendered)."""
-    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
 
 
 def _long_vs_constant_lr_text(candidate: Mapping[str, Any]) -> str:
