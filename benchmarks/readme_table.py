@@ -1184,9 +1184,18 @@ def _preset_summary(preset: Mapping | None, launch_flags: list[str] | None = Non
             used[key] = float(value)
     penalty = used.get("policy_preactivation_penalty") or 0
     decay_updates = used.get("lr_decay_updates") or 0
+    final = used.get("lr_final_scale", 0.1)
+    policy_final, critic_final = (
+        final if used.get(key) is None else used[key]
+        for key in ("policy_lr_final_scale", "critic_lr_final_scale")
+    )
+    finals = (
+        f"x{final:g}"
+        if policy_final == critic_final == final
+        else f"x{policy_final:g} (policy) / x{critic_final:g} (critic)"
+    )
     decay = (
-        f" decaying linearly to x{used.get('lr_final_scale', 0.1):g} over "
-        f"{decay_updates:,.0f} learner updates"
+        f" decaying linearly to {finals} over {decay_updates:,.0f} learner updates"
         if decay_updates
         else ""
     )
@@ -1199,7 +1208,12 @@ def _preset_summary(preset: Mapping | None, launch_flags: list[str] | None = Non
 
 # Learning-rate decay keys: presets before the decay existed do not hold them, so a run's
 # launch flags name them without a preset value to override.
-_DECAY_KEYS = ("lr_decay_updates", "lr_final_scale")
+_DECAY_KEYS = (
+    "lr_decay_updates",
+    "lr_final_scale",
+    "policy_lr_final_scale",
+    "critic_lr_final_scale",
+)
 
 
 def _k(steps: float) -> str:

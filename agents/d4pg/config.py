@@ -34,6 +34,8 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "shuffle_buffer_transitions": 4096,  # Likewise.
     "lr_decay_updates": 0,  # Constant rates: no run decayed them before the key existed.
     "lr_final_scale": 0.1,  # Unused without a decay.
+    "policy_lr_final_scale": None,  # Both networks followed lr_final_scale.
+    "critic_lr_final_scale": None,
 }
 
 
@@ -154,6 +156,10 @@ class D4PGConfig:
     # run's own budget (chosen on the suite: docs/d4pg.md).
     lr_decay_updates: int = 0
     lr_final_scale: float = 0.1
+    # One network's own final scale (None: `lr_final_scale`), e.g. a policy kept at its
+    # rate (1.0) while the critic's decays. See `final_lr_scales`.
+    policy_lr_final_scale: float | None = None
+    critic_lr_final_scale: float | None = None
     target_update_period: int = 100
     jit_compile: bool = True  # XLA-compile the forward/backward pass of the update.
     # Image augmentation of the learner's batches (pixels only): pad by
@@ -254,8 +260,10 @@ class D4PGConfig:
             )
         if self.lr_decay_updates < 0:
             problems.append(f"lr_decay_updates must be >= 0 (0: off), got {self.lr_decay_updates}")
-        if not 0.0 <= self.lr_final_scale <= 1.0:
-            problems.append(f"lr_final_scale must be in [0, 1], got {self.lr_final_scale}")
+        for key in ("lr_final_scale", "policy_lr_final_scale", "critic_lr_final_scale"):
+            value = getattr(self, key)
+            if value is not None and not 0.0 <= value <= 1.0:
+                problems.append(f"{key} must be in [0, 1], got {value}")
         if self.sigma < 0:
             problems.append(f"sigma must be >= 0, got {self.sigma}")
         if self.random_shift_pad < 0:
@@ -300,6 +308,13 @@ class D4PGConfig:
             raise ValueError("Invalid D4PGConfig: " + "; ".join(problems))
 
     # -- Per-task defaults -------------------------------------------------------------
+
+    def final_lr_scales(self) -> tuple[float, float]:
+        """(policy, critic): the scale each Adam rate decays to (with `lr_decay_updates`)."""
+        return tuple(
+            self.lr_final_scale if own is None else own
+            for own in (self.policy_lr_final_scale, self.critic_lr_final_scale)
+        )
 
     def resolved_frame_stack(self) -> int:
         """`frame_stack`, or 3 for pixels and 1 for features when unset."""

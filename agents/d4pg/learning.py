@@ -190,7 +190,8 @@ class D4PGLearner(core.Learner):
       5. the optimisers average gradients across replicas (once); with `clipping` the
          averaged gradient of each network is clipped to global norm
          `max_gradient_norm` first; with `lr_decay_updates` Adam's rates for update k
-         are the configured ones times 1 - (1 - lr_final_scale) min(k / lr_decay_updates, 1).
+         are the configured ones times 1 - (1 - f) min(k / lr_decay_updates, 1), f each
+         network's final scale (`lr_final_scale` unless its own is set).
 
     `step()` returns, reduced across replicas: critic_loss, policy_loss (-mean Q),
     q_mean, critic_grad_norm / policy_grad_norm (global norm of the averaged gradient,
@@ -449,15 +450,19 @@ class D4PGLearner(core.Learner):
 
     def _decay_learning_rates(self) -> dict[str, tf.Tensor]:
         """Sets both Adam rates for the update `num_steps` (replica context): linear from
-        the configured rates at update 0 to `lr_final_scale` times them at update
-        `lr_decay_updates`, constant after. Every replica assigns the same value.
+        the configured rates at update 0 to their final scale (`final_lr_scales`) times
+        them at update `lr_decay_updates`, constant after. Every replica assigns the same
+        value.
         Returns the two rates as `policy_lr` and `critic_lr`."""
         config = self._config
         progress = tf.minimum(
             tf.cast(self._num_steps, tf.float32) / float(config.lr_decay_updates), 1.0
         )
-        scale = 1.0 - (1.0 - config.lr_final_scale) * progress
-        rates = {"policy_lr": config.policy_lr * scale, "critic_lr": config.critic_lr * scale}
+        policy_final, critic_final = config.final_lr_scales()
+        rates = {
+            "policy_lr": config.policy_lr * (1.0 - (1.0 - policy_final) * progress),
+            "critic_lr": config.critic_lr * (1.0 - (1.0 - critic_final) * progress),
+        }
         self._policy_optimizer.learning_rate.assign(rates["policy_lr"])
         self._critic_optimizer.learning_rate.assign(rates["critic_lr"])
         return rates

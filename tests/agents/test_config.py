@@ -51,6 +51,7 @@ def test_overrides_parse_strings_to_field_types(overrides, expected):
         ({"policy_layers": "64,x"}, "policy_layers"),
         ({"vmin": "200"}, "vmin"),
         ({"n_step": "0"}, "n_step must be >= 1"),
+        ({"critic_lr_final_scale": "1.5"}, r"critic_lr_final_scale must be in \[0, 1\]"),
     ],
 )
 def test_bad_overrides_say_what_is_wrong(overrides, message):
@@ -154,3 +155,9 @@ def test_a_negative_preactivation_penalty_is_refused_with_what_is_valid():
         ).policy_preactivation_penalty
         == 0
     )
+
+
+def test_a_network_without_its_own_final_scale_follows_lr_final_scale():
+    config = D4PGConfig.from_overrides({"lr_final_scale": "0.2", "policy_lr_final_scale": "1"})
+    assert config.final_lr_scales() == (1.0, 0.2)
+    assert D4PGConfig(lr_final_scale=0.3).final_lr_scales() == (0.3, 0.3)

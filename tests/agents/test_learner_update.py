@@ -284,10 +284,29 @@ def test_a_decaying_learning_rate_is_the_rate_of_the_reference_update(update, sc
     assert metrics["critic_lr"] == pytest.approx(config.critic_lr * scale, rel=1e-6)
 
 
-def _check_one_update_against_reference(observations, overrides, num_steps=1, lr_scale=1.0):
+def test_each_network_decays_to_its_own_final_scale():
+    """policy_lr_final_scale = 1 keeps the policy's rate while the critic's follows
+    lr_final_scale: at update 2 of 4, policy x1 and critic x(1 - 0.75 / 2) = 0.625."""
+    decay = {
+        "jit_compile": True,
+        "lr_decay_updates": 4,
+        "lr_final_scale": 0.25,
+        "policy_lr_final_scale": 1.0,
+    }
+    metrics, config = _check_one_update_against_reference(
+        "features", decay, num_steps=2, lr_scale=1.0, critic_lr_scale=0.625
+    )
+    assert metrics["policy_lr"] == pytest.approx(config.policy_lr, rel=1e-6)
+    assert metrics["critic_lr"] == pytest.approx(config.critic_lr * 0.625, rel=1e-6)
+
+
+def _check_one_update_against_reference(
+    observations, overrides, num_steps=1, lr_scale=1.0, critic_lr_scale=None
+):
     """Runs update `num_steps` (not a target copy) of a learner with random online and
     target networks and checks metrics, moments and parameters against the reference,
-    whose Adam steps use the config's rates times `lr_scale`. Returns (metrics, config)."""
+    whose Adam steps use the config's rates times `lr_scale` (the critic's times
+    `critic_lr_scale` when given). Returns (metrics, config)."""
     spec, case_overrides, make_data = CASES[observations]
     overrides = {**case_overrides, **overrides}
     data = make_data()
@@ -319,7 +338,7 @@ def _check_one_update_against_reference(observations, overrides, num_steps=1, lr
     reference_config = dataclasses.replace(
         learner._config,
         policy_lr=config.policy_lr * lr_scale,
-        critic_lr=config.critic_lr * lr_scale,
+        critic_lr=config.critic_lr * (lr_scale if critic_lr_scale is None else critic_lr_scale),
         lr_decay_updates=0,
     )
     expected, moments, new_params, _ = _reference_update(reference_config, online, target, data)

@@ -117,6 +117,8 @@ def test_the_suite_note_names_a_learning_rate_decay_from_the_preset_or_a_flag():
     assert decaying in readme_table._preset_summary(in_preset)
     off_by_flag = readme_table._preset_summary(in_preset, ["--config.lr_decay_updates=0"])
     assert "decaying" not in off_by_flag
+    policy_kept = readme_table._preset_summary(in_preset, ["--config.policy_lr_final_scale=1"])
+    assert "decaying linearly to x1 (policy) / x0.1 (critic) over 100,000" in policy_kept
 
 
 def test_a_suite_run_is_summarised_by_the_config_it_stored_before_its_preset_and_flags():

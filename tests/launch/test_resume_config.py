@@ -17,7 +17,12 @@ pytestmark = pytest.mark.timeout(120)
 
 ACME_OPTIONS = ("act_with_target_policy", "network_init", "short_transitions_from_first_state")
 LAYOUT_KEYS = ("transitions_per_item", "item_pool_size", "shuffle_buffer_transitions")
-DECAY_KEYS = ("lr_decay_updates", "lr_final_scale")
+DECAY_KEYS = (
+    "lr_decay_updates",
+    "lr_final_scale",
+    "policy_lr_final_scale",
+    "critic_lr_final_scale",
+)
 LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS
 
 
