@@ -270,12 +270,24 @@ def _time_to_score_row(name: str, what: str) -> Row:
     )
 
 
+def _collapsed(curve: list | None) -> bool:
+    """Whether an evaluation after a run's best fell below half of it (the rule of
+    agents_learning_suite.collapses, which this module does not import)."""
+    returns = [point[2] for point in curve or ()]
+    if not returns:
+        return False
+    best = max(range(len(returns)), key=returns.__getitem__)
+    return any(r < 0.5 * returns[best] for r in returns[best + 1 :])
+
+
 def _candidate_vs_default_text(
-    candidate: Mapping[str, Any], baseline: str = NO_PENALTY_SUITE_RESULT
+    candidate: Mapping[str, Any],
+    baseline: str = NO_PENALTY_SUITE_RESULT,
+    collapses: bool = False,
 ) -> str:
     """Per task: a candidate setting's suite runs against the `baseline` suite's runs of
     the same seeds (by default the preset before the penalty), at 100k and 200k actor
-    steps."""
+    steps; with `collapses`, also how many runs of each collapsed."""
     default = _read_result(baseline)["runs"]
 
     def mean(values: list[float | None]) -> str:
@@ -295,6 +307,12 @@ def _candidate_vs_default_text(
                 ]
             )
             cells.append(f"{ours} vs {base} at {at // 1000}k")
+        if collapses:
+            counts = [
+                sum(_collapsed(runs.get(s, {}).get("curve")) for s in seeds)
+                for runs in (by_seed, default.get(task, {}))
+            ]
+            cells.append(f"collapses {counts[0]} vs {counts[1]}")
         parts.append(f"`{task}` (seeds {', '.join(seeds)}): {', '.join(cells)}")
     return "; ".join(parts)
 
@@ -697,6 +715,17 @@ ROWS: tuple[Row, ...] = (
         "10 episodes per evaluation",
         "{tasks}",
         derived={"tasks": lambda d: _candidate_vs_default_text(d, CONSTANT_LR_SUITE_RESULT)},
+    ),
+    Row(
+        "agents_learning_suite_lr_final_0.3.json",
+        "`agents_learning_suite --seeds 0,1,2` beside `--seeds 3,4,5`, "
+        "`--launch-flag=--config.lr_final_scale=0.3`: both Adam rates decaying to 0.3 of 1e-3 "
+        "instead of the preset's 0.1 over the run's budget (102,500 learner updates), at "
+        "977b9d1 (two runs at a time): mean eval return vs the suite table's runs "
+        "(`agents_learning_suite.json`) of the same seeds, and the runs that collapsed, "
+        "10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
     Row(
         "agents_learning_suite_wide.json",

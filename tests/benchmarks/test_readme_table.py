@@ -129,3 +129,25 @@ def test_a_suite_run_is_summarised_by_the_config_it_stored_before_its_preset_and
     assert "over 102,500 learner updates" in readme_table._run_preset_summary(run)
     older = {"quick_preset": preset, "launch_flags": ["--config.lr_decay_updates=100000"]}
     assert "over 100,000 learner updates" in readme_table._run_preset_summary(older)
+
+
+def test_a_candidate_is_compared_with_the_baseline_runs_of_its_own_seeds(monkeypatch):
+    """Means over the candidate's seeds only, and a run counts as collapsed when an
+    evaluation after its best falls below half of it (a low one before it does not)."""
+    kept, collapsed = (
+        [[50_000, 0, 100.0], [100_000, 0, 400.0], [200_000, 0, 800.0]],
+        [[100_000, 0, 800.0], [200_000, 0, 300.0]],
+    )
+    baseline = {
+        "runs": {
+            "t": {
+                "0": {"curve": kept},
+                "1": {"curve": collapsed},
+                "2": {"curve": [[200_000, 0, 0.0]]},
+            }
+        }
+    }
+    monkeypatch.setattr(readme_table, "_read_result", lambda name: baseline)
+    candidate = {"runs": {"t": {"0": {"curve": collapsed}, "1": {"curve": collapsed}}}}
+    text = readme_table._candidate_vs_default_text(candidate, "base.json", collapses=True)
+    assert text == "`t` (seeds 0, 1): 800 vs 600 at 100k, 300 vs 550 at 200k, collapses 2 vs 1"
