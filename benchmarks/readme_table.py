@@ -728,6 +728,28 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
     Row(
+        "agents_learning_suite_policy_lr_kept.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1,2,3,4,5 "
+        "--launch-flag=--config.policy_lr_final_scale=1`: the policy's Adam rate kept at 1e-3 "
+        "while the critic's decays to 0.1 of it over the run's budget, at cfd06cd (beside "
+        "the other network's run): mean eval return vs the suite table's runs "
+        "(`agents_learning_suite.json`) of the same seeds, and the runs that collapsed, 10 "
+        "episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
+        "agents_learning_suite_critic_lr_kept.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1,2,3,4,5 "
+        "--launch-flag=--config.critic_lr_final_scale=1`: the critic's Adam rate kept at 1e-3 "
+        "while the policy's decays to 0.1 of it over the run's budget, at cfd06cd (beside "
+        "the other network's run): mean eval return vs the suite table's runs "
+        "(`agents_learning_suite.json`) of the same seeds, and the runs that collapsed, 10 "
+        "episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
         "agents_learning_suite_wide.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch "
         "--launch-flag=--config.policy_layers=256,256 --launch-flag=--config.critic_layers=256,256`: "

@@ -307,14 +307,14 @@ class D4PGConfig:
         if problems:
             raise ValueError("Invalid D4PGConfig: " + "; ".join(problems))
 
-    # -- Per-task defaults -------------------------------------------------------------
-
     def final_lr_scales(self) -> tuple[float, float]:
         """(policy, critic): the scale each Adam rate decays to (with `lr_decay_updates`)."""
         return tuple(
             self.lr_final_scale if own is None else own
             for own in (self.policy_lr_final_scale, self.critic_lr_final_scale)
         )
+
+    # -- Per-task defaults -------------------------------------------------------------
 
     def resolved_frame_stack(self) -> int:
         """`frame_stack`, or 3 for pixels and 1 for features when unset."""
