@@ -228,6 +228,17 @@ def _ab_time_to_target(result: Mapping[str, Any]) -> str:
     return f"{one('candidate')} vs {one('default')}"
 
 
+def _vs_suite_row(result: str, what: str) -> Row:
+    """The row of a candidate's suite runs against the suite table's runs of its seeds."""
+    return Row(
+        result,
+        what + ": mean eval return vs the suite table's runs (`agents_learning_suite.json`) "
+        "of the same seeds, and the runs that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    )
+
+
 def _setting_ab_row(name: str, what: str) -> Row:
     """The row of `launch_setting_ab_NAME.json`: the candidate / the defaults, alternated."""
     return Row(
@@ -716,38 +727,26 @@ ROWS: tuple[Row, ...] = (
         "{tasks}",
         derived={"tasks": lambda d: _candidate_vs_default_text(d, CONSTANT_LR_SUITE_RESULT)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_lr_final_0.3.json",
         "`agents_learning_suite --seeds 0,1,2` beside `--seeds 3,4,5`, "
         "`--launch-flag=--config.lr_final_scale=0.3`: both Adam rates decaying to 0.3 of 1e-3 "
         "instead of the preset's 0.1 over the run's budget (102,500 learner updates), at "
-        "977b9d1 (two runs at a time): mean eval return vs the suite table's runs "
-        "(`agents_learning_suite.json`) of the same seeds, and the runs that collapsed, "
-        "10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+        "977b9d1 (two runs at a time)",
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_policy_lr_kept.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0,1,2,3,4,5 "
         "--launch-flag=--config.policy_lr_final_scale=1`: the policy's Adam rate kept at 1e-3 "
         "while the critic's decays to 0.1 of it over the run's budget, at cfd06cd (beside "
-        "the other network's run): mean eval return vs the suite table's runs "
-        "(`agents_learning_suite.json`) of the same seeds, and the runs that collapsed, 10 "
-        "episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+        "the other network's run)",
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_critic_lr_kept.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0,1,2,3,4,5 "
         "--launch-flag=--config.critic_lr_final_scale=1`: the critic's Adam rate kept at 1e-3 "
         "while the policy's decays to 0.1 of it over the run's budget, at cfd06cd (beside "
-        "the other network's run): mean eval return vs the suite table's runs "
-        "(`agents_learning_suite.json`) of the same seeds, and the runs that collapsed, 10 "
-        "episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+        "the other network's run)",
     ),
     Row(
         "agents_learning_suite_wide.json",
