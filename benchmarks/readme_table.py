@@ -746,7 +746,7 @@ ROWS: tuple[Row, ...] = (
         "`agents_learning_suite --tasks finger:spin --seeds 0,1,2,3,4,5 "
         "--launch-flag=--config.critic_lr_final_scale=1`: the critic's Adam rate kept at 1e-3 "
         "while the policy's decays to 0.1 of it over the run's budget, at cfd06cd (beside "
-        "the other network's run)",
+        "the other network's run); cheetah:run the same way at de2b045 (seeds 0-2 beside 3-5)",
     ),
     Row(
         "agents_learning_suite_wide.json",
