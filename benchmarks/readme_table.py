@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import agents_learning_suite as suite  # noqa: E402
 from launch.reporting import references  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -207,12 +208,10 @@ def _profile_groups_text(profile: Mapping[str, Any]) -> str:
 
 
 def _nearest_evaluation(curve: list, at_steps: int) -> float | None:
-    """The return of `curve`'s evaluation nearest `at_steps`, within one 10k-step period (the
-    rule of agents_learning_suite.evaluation_at, which this module does not import)."""
-    if not curve:
-        return None
-    steps, _, eval_return = min(curve, key=lambda point: abs(point[0] - at_steps))
-    return eval_return if abs(steps - at_steps) <= 10_000 else None
+    """The return of `curve`'s evaluation nearest `at_steps`, by the suite's own rule
+    (`agents_learning_suite.evaluation_at`: within one evaluation period)."""
+    point = suite.evaluation_at(curve, at_steps)
+    return None if point is None else point[2]
 
 
 def _ab_time_to_target(result: Mapping[str, Any]) -> str:
@@ -281,16 +280,6 @@ def _time_to_score_row(name: str, what: str) -> Row:
     )
 
 
-def _collapsed(curve: list | None) -> bool:
-    """Whether an evaluation after a run's best fell below half of it (the rule of
-    agents_learning_suite.collapses, which this module does not import)."""
-    returns = [point[2] for point in curve or ()]
-    if not returns:
-        return False
-    best = max(range(len(returns)), key=returns.__getitem__)
-    return any(r < 0.5 * returns[best] for r in returns[best + 1 :])
-
-
 def _candidate_vs_default_text(
     candidate: Mapping[str, Any],
     baseline: str = NO_PENALTY_SUITE_RESULT,
@@ -320,7 +309,7 @@ def _candidate_vs_default_text(
             cells.append(f"{ours} vs {base} at {at // 1000}k")
         if collapses:
             counts = [
-                sum(_collapsed(runs.get(s, {}).get("curve")) for s in seeds)
+                sum(suite.collapses(runs.get(s, {}).get("curve")) > 0 for s in seeds)
                 for runs in (by_seed, default.get(task, {}))
             ]
             cells.append(f"collapses {counts[0]} vs {counts[1]}")
