@@ -737,6 +737,13 @@ ROWS: tuple[Row, ...] = (
         "while the policy's decays to 0.1 of it over the run's budget, at cfd06cd (beside "
         "the other network's run); cheetah:run the same way at de2b045 (seeds 0-2 beside 3-5)",
     ),
+    _vs_suite_row(
+        "agents_learning_suite_critic_lr_final_0.3.json",
+        "`agents_learning_suite --tasks finger:spin,cheetah:run --seeds 0,1,2` beside "
+        "`--seeds 3,4,5`, `--launch-flag=--config.critic_lr_final_scale=0.3`: the critic's "
+        "Adam rate decaying to 0.3 of 1e-3, the policy's to the preset's 0.1, over the run's "
+        "budget, at f1c1fa6 (two runs at a time)",
+    ),
     Row(
         "agents_learning_suite_wide.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch "
