@@ -339,7 +339,7 @@ def _rerun_vs_suite_text(rerun: Mapping[str, Any], baseline: str = K8_SUITE_RESU
 
 def _long_runs_text(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
     """Per task: the long (500k) runs' mean eval at 200k and 500k and collapses, `now`'s
-    runs vs `before`'s on the same seeds."""
+    runs vs `before`'s on the seeds both ran."""
 
     def mean(runs: Mapping[str, Any], seeds: list[str], at: int) -> str:
         values = [_nearest_evaluation(runs.get(s, {}).get("curve"), at) for s in seeds]
@@ -353,9 +353,10 @@ def _long_runs_text(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
             f"{mean(by_seed, seeds, at)} vs {mean(old, seeds, at)} at {at // 1000}k"
             for at in (200_000, 500_000)
         ]
+        # Over the shared seeds only, like the means (either file may hold more seeds).
         collapsed = [
-            f"{data['summary'][task]['runs_collapsed']} of {len(data['summary'][task]['seeds'])}"
-            for data in (now, before)
+            f"{sum(suite.collapses(runs[s]['curve']) > 0 for s in seeds)} of {len(seeds)}"
+            for runs in (by_seed, old)
         ]
         parts.append(
             f"`{task}` (seeds {', '.join(seeds)}): {', '.join(cells)}; collapses "

@@ -151,3 +151,21 @@ def test_a_candidate_is_compared_with_the_baseline_runs_of_its_own_seeds(monkeyp
     candidate = {"runs": {"t": {"0": {"curve": collapsed}, "1": {"curve": collapsed}}}}
     text = readme_table._candidate_vs_default_text(candidate, "base.json", collapses=True)
     assert text == "`t` (seeds 0, 1): 800 vs 600 at 100k, 300 vs 550 at 200k, collapses 2 vs 1"
+
+
+def test_long_runs_count_collapses_over_the_seeds_both_files_ran():
+    """A seed only one file holds plays no part: neither in the means nor in the counts."""
+    kept = [[200_000, 0, 600.0], [500_000, 0, 700.0]]
+    collapsed = [[200_000, 0, 800.0], [500_000, 0, 300.0]]
+    before = {
+        "runs": {"t": {"0": {"curve": collapsed}, "1": {"curve": kept}}},
+        "summary": {"t": {"runs_collapsed": 1, "seeds": [0, 1]}},
+    }
+    now = {
+        "runs": {"t": {"0": {"curve": kept}, "1": {"curve": kept}, "2": {"curve": collapsed}}},
+        "summary": {"t": {"runs_collapsed": 1, "seeds": [0, 1, 2]}},
+    }
+    text = readme_table._long_runs_text(before, now=now)
+    assert text == (
+        "`t` (seeds 0, 1): 600 vs 700 at 200k, 700 vs 500 at 500k; collapses 0 of 2 vs 1 of 2"
+    )
