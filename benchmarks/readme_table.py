@@ -804,6 +804,11 @@ ROWS: tuple[Row, ...] = (
         "eval return 800, median of 6 seeds, one launch at a time, at b740345",
     ),
     _time_to_score_row(
+        "launch_time_to_score_rerun.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5`: the row above again on 2026-12-05 at "
+        "f1c1fa6 (the same agent; quiet machine, one launch at a time)",
+    ),
+    _time_to_score_row(
         "launch_time_to_score_lr_decay_100k.json",
         "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command with the rates "
         "decaying over a fixed 100k updates (the quick preset at 1b8209b), wall time to eval "

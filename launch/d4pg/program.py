@@ -111,8 +111,8 @@ def updates_in_budget(config: D4PGConfig, actor_steps: int) -> int:
 
 
 # Default actor-step budget of `replicator launch d4pg`. With the quick preset, the
-# README command reaches eval return 800 at 46k-67k actor steps (see
-# benchmarks/results/launch_time_to_score.json); 100k leaves a margin and ends in about
+# README command reaches eval return 800 at 46k-87k actor steps (see
+# benchmarks/results/launch_time_to_score*.json); 100k leaves a margin and ends in about
 # 4 minutes on 2 cores.
 QUICK_STEPS = 100_000
 
