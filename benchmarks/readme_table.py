@@ -809,6 +809,13 @@ ROWS: tuple[Row, ...] = (
         "f1c1fa6 (the same agent; quiet machine, one launch at a time)",
     ),
     _time_to_score_row(
+        "launch_time_to_score_budget_150k.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5` with the default budget set to 150k actor "
+        "steps (`QUICK_STEPS`; the rates then decay over 75k updates): a candidate, not the "
+        "default, run right after the row above (at 7d4fdfd; quiet machine, one launch at a "
+        "time)",
+    ),
+    _time_to_score_row(
         "launch_time_to_score_lr_decay_100k.json",
         "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command with the rates "
         "decaying over a fixed 100k updates (the quick preset at 1b8209b), wall time to eval "
