@@ -9,6 +9,11 @@ is the learning suite's to say (`agents_learning_suite.py --launch-flag=...`).
 
     python benchmarks/launch_setting_ab.py --name spi_tolerance_1 \\
         --flag=--config.samples_per_insert_tolerance_rate=1.0 [--seeds 0,1,2]
+    python benchmarks/launch_setting_ab.py --name budget_150k --candidate-steps 150000
+
+`--candidate-steps` gives the candidate another actor-step budget (a budget is a setting
+of its own: the quick preset's learning-rate decay spans it); times and steps to the
+target stay comparable, since both count from the start of the run.
 
 Writes benchmarks/results/launch_setting_ab_NAME.json.
 """
@@ -36,9 +41,15 @@ def main() -> None:
     parser.add_argument(
         "--flag",
         action="append",
-        required=True,
+        default=[],
         help="a flag of the candidate, e.g. --flag=--config.samples_per_insert_tolerance_rate=1 "
         "(repeatable)",
+    )
+    parser.add_argument(
+        "--candidate-steps",
+        type=int,
+        default=d4pg_program.QUICK_STEPS,
+        help=f"the candidate's actor-step budget (default: the launch's, {d4pg_program.QUICK_STEPS:,})",
     )
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--target", type=float, default=800.0)
@@ -50,9 +61,20 @@ def main() -> None:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
         parser.error(f"--seeds takes comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
+    if args.candidate_steps <= 0:
+        parser.error(
+            f"--candidate-steps takes a positive number of actor steps, got {args.candidate_steps}"
+        )
+    candidate_flags = list(args.flag)
+    if args.candidate_steps != d4pg_program.QUICK_STEPS:
+        candidate_flags += ["--steps", str(args.candidate_steps)]
+    if not candidate_flags:
+        parser.error(
+            "give the candidate at least one --flag or a --candidate-steps other than the default"
+        )
 
     runs = run_alternating(
-        {"default": [], "candidate": list(args.flag)}, seeds, args.target, args.max_minutes
+        {"default": [], "candidate": candidate_flags}, seeds, args.target, args.max_minutes
     )
     summary = summarise(runs)
     base, cand = summary["default"], summary["candidate"]
@@ -77,7 +99,8 @@ def main() -> None:
             "task": TASK,
             "target_return": args.target,
             "budget_actor_steps": d4pg_program.QUICK_STEPS,
-            "candidate_flags": list(args.flag),
+            "candidate_budget_actor_steps": args.candidate_steps,
+            "candidate_flags": candidate_flags,
             "seeds": seeds,
             "summary": summary,
             "candidate_over_default": ratios,

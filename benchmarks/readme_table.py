@@ -745,6 +745,21 @@ ROWS: tuple[Row, ...] = (
         "Adam rate decaying to 0.3 of 1e-3, the policy's to the preset's 0.1, over the run's "
         "budget, at f1c1fa6 (two runs at a time)",
     ),
+    _vs_suite_row(
+        "agents_learning_suite_target_policy.json",
+        "`agents_learning_suite --tasks finger:spin,cheetah:run,walker:walk` beside "
+        "`--tasks ball_in_cup:catch,reacher:easy,cartpole:swingup`, "
+        "`--launch-flag=--config.act_with_target_policy=true`: actors and evaluator act with "
+        "the target networks, as Acme's do, the decaying preset otherwise, at 1cd96ac "
+        "(two runs at a time)",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_network_init_acme.json",
+        "`agents_learning_suite --tasks finger:spin,cheetah:run,walker:walk` beside "
+        "`--tasks ball_in_cup:catch,reacher:easy,cartpole:swingup`, "
+        "`--launch-flag=--config.network_init=acme`: Acme's initialisers (VarianceScaling "
+        "0.333, fan_out, uniform), the decaying preset otherwise, at 1cd96ac (two runs at a time)",
+    ),
     Row(
         "agents_learning_suite_wide.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch "
