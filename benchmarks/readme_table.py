@@ -665,6 +665,12 @@ ROWS: tuple[Row, ...] = (
         "`launch_setting_ab --flag=--learner-replicas=cpu:2`: the README's main command with the "
         "learner's update split over 2 CPU replicas / the defaults (one replica)",
     ),
+    _setting_ab_row(
+        "budget_150k",
+        "`launch_setting_ab --candidate-steps 150000 --seeds 0,1,2,3,4,5`: the README's main "
+        "command with a 150k-step budget (the preset's decay then spans 75k learner updates) "
+        "/ the defaults (100k steps, 50k updates), at a79adc4",
+    ),
     Row(
         "agents_learning_suite_g1.json",
         "`agents_learning_suite --launch-flag=--config.transitions_per_item=1`: mean eval "

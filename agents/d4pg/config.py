@@ -61,7 +61,8 @@ class D4PGConfig:
       policy_layers (256, 256, 256) and critic_layers (512, 512, 256), each a
       Linear -> LayerNorm -> tanh layer then Linear -> elu layers: the shapes of Acme's
       control-suite example networks (their initialisation is `network_init`).
-    Three Acme behaviours are options, off by default until measured (docs/d4pg.md):
+    Three Acme behaviours are options, off by default: measured on the suite, the first
+    two alone and all three together, none was better on every task (docs/d4pg.md):
       act_with_target_policy: Acme's actors and evaluator act with the learner's target
         policy (and target torso); ours act with the online one unless set. Acme value:
         true.
