@@ -1274,8 +1274,12 @@ def _preset_summary(preset: Mapping | None, launch_flags: list[str] | None = Non
         if policy_final == critic_final == final
         else f"x{policy_final:g} (policy) / x{critic_final:g} (critic)"
     )
+    start = (used.get("lr_decay_start_fraction") or 0) * decay_updates
     decay = (
         f" decaying linearly to {finals} over {decay_updates:,.0f} learner updates"
+        if decay_updates and not start
+        else f" held for {start:,.0f} learner updates, then decaying linearly to {finals} "
+        f"by update {decay_updates:,.0f}"
         if decay_updates
         else ""
     )
@@ -1291,6 +1295,7 @@ def _preset_summary(preset: Mapping | None, launch_flags: list[str] | None = Non
 _DECAY_KEYS = (
     "lr_decay_updates",
     "lr_final_scale",
+    "lr_decay_start_fraction",
     "policy_lr_final_scale",
     "critic_lr_final_scale",
 )

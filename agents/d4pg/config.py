@@ -34,6 +34,7 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "shuffle_buffer_transitions": 4096,  # Likewise.
     "lr_decay_updates": 0,  # Constant rates: no run decayed them before the key existed.
     "lr_final_scale": 0.1,  # Unused without a decay.
+    "lr_decay_start_fraction": 0.0,  # Decays, where any, started at update 0.
     "policy_lr_final_scale": None,  # Both networks followed lr_final_scale.
     "critic_lr_final_scale": None,
 }
@@ -157,6 +158,10 @@ class D4PGConfig:
     # run's own budget (chosen on the suite: docs/d4pg.md).
     lr_decay_updates: int = 0
     lr_final_scale: float = 0.1
+    # The rates are held at policy_lr / critic_lr for this fraction of `lr_decay_updates`
+    # and fall linearly over the rest (0: the fall starts at update 0). Holding keeps the
+    # early rate through the first phase of learning, where a decay only slows it.
+    lr_decay_start_fraction: float = 0.0
     # One network's own final scale (None: `lr_final_scale`), e.g. a policy kept at its
     # rate (1.0) while the critic's decays. See `final_lr_scales`.
     policy_lr_final_scale: float | None = None
@@ -261,6 +266,10 @@ class D4PGConfig:
             )
         if self.lr_decay_updates < 0:
             problems.append(f"lr_decay_updates must be >= 0 (0: off), got {self.lr_decay_updates}")
+        if not 0.0 <= self.lr_decay_start_fraction < 1.0:
+            problems.append(
+                f"lr_decay_start_fraction must be in [0, 1), got {self.lr_decay_start_fraction}"
+            )
         for key in ("lr_final_scale", "policy_lr_final_scale", "critic_lr_final_scale"):
             value = getattr(self, key)
             if value is not None and not 0.0 <= value <= 1.0:

@@ -190,8 +190,9 @@ class D4PGLearner(core.Learner):
       5. the optimisers average gradients across replicas (once); with `clipping` the
          averaged gradient of each network is clipped to global norm
          `max_gradient_norm` first; with `lr_decay_updates` Adam's rates for update k
-         are the configured ones times 1 - (1 - f) min(k / lr_decay_updates, 1), f each
-         network's final scale (`lr_final_scale` unless its own is set).
+         are the configured ones times 1 - (1 - f) clip((k - s) / (lr_decay_updates - s),
+         0, 1), f each network's final scale (`lr_final_scale` unless its own is set),
+         s = `lr_decay_start_fraction` x lr_decay_updates (the rates held until then).
 
     `step()` returns, reduced across replicas: critic_loss, policy_loss (-mean Q),
     q_mean, critic_grad_norm / policy_grad_norm (global norm of the averaged gradient,
@@ -449,14 +450,17 @@ class D4PGLearner(core.Learner):
         }
 
     def _decay_learning_rates(self) -> dict[str, tf.Tensor]:
-        """Sets both Adam rates for the update `num_steps` (replica context): linear from
-        the configured rates at update 0 to their final scale (`final_lr_scales`) times
-        them at update `lr_decay_updates`, constant after. Every replica assigns the same
-        value.
+        """Sets both Adam rates for the update `num_steps` (replica context): the
+        configured rates until update s = `lr_decay_start_fraction` x `lr_decay_updates`,
+        then linear to their final scale (`final_lr_scales`) times them at update
+        `lr_decay_updates`, constant after. Every replica assigns the same value.
         Returns the two rates as `policy_lr` and `critic_lr`."""
         config = self._config
-        progress = tf.minimum(
-            tf.cast(self._num_steps, tf.float32) / float(config.lr_decay_updates), 1.0
+        start = config.lr_decay_start_fraction * config.lr_decay_updates
+        progress = tf.clip_by_value(
+            (tf.cast(self._num_steps, tf.float32) - start) / (config.lr_decay_updates - start),
+            0.0,
+            1.0,
         )
         policy_final, critic_final = config.final_lr_scales()
         rates = {

@@ -284,6 +284,24 @@ def test_a_decaying_learning_rate_is_the_rate_of_the_reference_update(update, sc
     assert metrics["critic_lr"] == pytest.approx(config.critic_lr * scale, rel=1e-6)
 
 
+@pytest.mark.parametrize("update, scale", [(2, 1.0), (3, 0.625)], ids=["held", "decaying"])
+def test_a_decay_that_starts_late_holds_the_rate_until_its_start(update, scale):
+    """With lr_decay_updates = 4, lr_decay_start_fraction = 0.5 and lr_final_scale = 0.25,
+    the rates are held through update 2 and fall over updates 2-4: x1 at update 2,
+    x(1 - 0.75 / 2) = 0.625 at update 3."""
+    decay = {
+        "jit_compile": True,
+        "lr_decay_updates": 4,
+        "lr_final_scale": 0.25,
+        "lr_decay_start_fraction": 0.5,
+    }
+    metrics, config = _check_one_update_against_reference(
+        "features", decay, num_steps=update, lr_scale=scale
+    )
+    assert metrics["policy_lr"] == pytest.approx(config.policy_lr * scale, rel=1e-6)
+    assert metrics["critic_lr"] == pytest.approx(config.critic_lr * scale, rel=1e-6)
+
+
 def test_each_network_decays_to_its_own_final_scale():
     """policy_lr_final_scale = 1 keeps the policy's rate while the critic's follows
     lr_final_scale: at update 2 of 4, policy x1 and critic x(1 - 0.75 / 2) = 0.625."""

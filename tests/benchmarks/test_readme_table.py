@@ -119,6 +119,10 @@ def test_the_suite_note_names_a_learning_rate_decay_from_the_preset_or_a_flag():
     assert "decaying" not in off_by_flag
     policy_kept = readme_table._preset_summary(in_preset, ["--config.policy_lr_final_scale=1"])
     assert "decaying linearly to x1 (policy) / x0.1 (critic) over 100,000" in policy_kept
+    held = readme_table._preset_summary(in_preset, ["--config.lr_decay_start_fraction=0.5"])
+    assert "held for 50,000 learner updates, then decaying linearly to x0.1 by update 100,000" in (
+        held
+    )
 
 
 def test_a_suite_run_is_summarised_by_the_config_it_stored_before_its_preset_and_flags():
