@@ -671,6 +671,13 @@ ROWS: tuple[Row, ...] = (
         "command with a 150k-step budget (the preset's decay then spans 75k learner updates) "
         "/ the defaults (100k steps, 50k updates), at a79adc4",
     ),
+    _setting_ab_row(
+        "lr_hold_half",
+        "`launch_setting_ab --flag=--config.lr_decay_start_fraction=0.5 --seeds 0,1,2,3`: "
+        "the README's main command with both Adam rates held at 1e-3 for the first 25k of its "
+        "50k learner updates, then decaying to 1e-4 (a candidate) / the defaults (decaying "
+        "from update 0)",
+    ),
     Row(
         "agents_learning_suite_g1.json",
         "`agents_learning_suite --launch-flag=--config.transitions_per_item=1`: mean eval "
@@ -764,7 +771,17 @@ ROWS: tuple[Row, ...] = (
         "`agents_learning_suite --tasks finger:spin,cheetah:run,walker:walk` beside "
         "`--tasks ball_in_cup:catch,reacher:easy,cartpole:swingup`, "
         "`--launch-flag=--config.network_init=acme`: Acme's initialisers (VarianceScaling "
-        "0.333, fan_out, uniform), the decaying preset otherwise, at 1cd96ac (two runs at a time)",
+        "0.333, fan_out, uniform), the decaying preset otherwise, at 1cd96ac (two runs at a time); "
+        "then seeds 3-5 of cheetah:run and reacher:easy, and seeds 3 and 4 of finger:spin and "
+        "seed 3 of walker:walk, at 3f9a59b (the same agent)",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_lr_hold_0.5.json",
+        "`agents_learning_suite --tasks finger:spin,cheetah:run,walker:walk` beside "
+        "`--tasks ball_in_cup:catch,reacher:easy,cartpole:swingup`, "
+        "`--launch-flag=--config.lr_decay_start_fraction=0.5`: both Adam rates held at 1e-3 "
+        "for the first half of the run's learner updates, then decaying linearly to the "
+        "preset's 0.1 by its end, at 4775eac (two runs at a time)",
     ),
     Row(
         "agents_learning_suite_wide.json",
