@@ -20,6 +20,7 @@ LAYOUT_KEYS = ("transitions_per_item", "item_pool_size", "shuffle_buffer_transit
 DECAY_KEYS = (
     "lr_decay_updates",
     "lr_final_scale",
+    "lr_decay_start_fraction",
     "policy_lr_final_scale",
     "critic_lr_final_scale",
 )
