@@ -1292,14 +1292,15 @@ def _preset_summary(preset: Mapping | None, launch_flags: list[str] | None = Non
         else f"x{policy_final:g} (policy) / x{critic_final:g} (critic)"
     )
     start = (used.get("lr_decay_start_fraction") or 0) * decay_updates
-    decay = (
-        f" decaying linearly to {finals} over {decay_updates:,.0f} learner updates"
-        if decay_updates and not start
-        else f" held for {start:,.0f} learner updates, then decaying linearly to {finals} "
-        f"by update {decay_updates:,.0f}"
-        if decay_updates
-        else ""
-    )
+    if not decay_updates:
+        decay = ""
+    elif start:
+        decay = (
+            f" held for {start:,.0f} learner updates, then decaying linearly to {finals} "
+            f"by update {decay_updates:,.0f}"
+        )
+    else:
+        decay = f" decaying linearly to {finals} over {decay_updates:,.0f} learner updates"
     return (
         f"samples_per_insert {used['samples_per_insert']:g}, "
         f"Adam {used['policy_lr']:g} (policy) / {used['critic_lr']:g} (critic){decay}"

@@ -272,29 +272,20 @@ def test_one_update_matches_the_independent_reference(observations, jit_compile,
     )
 
 
-@pytest.mark.parametrize("update, scale", [(1, 0.8125), (6, 0.25)], ids=["decaying", "decayed"])
-def test_a_decaying_learning_rate_is_the_rate_of_the_reference_update(update, scale):
+HOLD = {"lr_decay_start_fraction": 0.5}
+
+
+@pytest.mark.parametrize(
+    "hold, update, scale",
+    [({}, 1, 0.8125), ({}, 6, 0.25), (HOLD, 2, 1.0), (HOLD, 3, 0.625)],
+    ids=["decaying", "decayed", "held", "decaying-after-hold"],
+)
+def test_a_decaying_learning_rate_is_the_rate_of_the_reference_update(hold, update, scale):
     """With lr_decay_updates = 4 and lr_final_scale = 0.25, update k applies Adam with both
-    rates times 1 - 0.75 min(k / 4, 1): 0.8125 at update 1 and 0.25 from update 4 on."""
-    decay = {"jit_compile": True, "lr_decay_updates": 4, "lr_final_scale": 0.25}
-    metrics, config = _check_one_update_against_reference(
-        "features", decay, num_steps=update, lr_scale=scale
-    )
-    assert metrics["policy_lr"] == pytest.approx(config.policy_lr * scale, rel=1e-6)
-    assert metrics["critic_lr"] == pytest.approx(config.critic_lr * scale, rel=1e-6)
-
-
-@pytest.mark.parametrize("update, scale", [(2, 1.0), (3, 0.625)], ids=["held", "decaying"])
-def test_a_decay_that_starts_late_holds_the_rate_until_its_start(update, scale):
-    """With lr_decay_updates = 4, lr_decay_start_fraction = 0.5 and lr_final_scale = 0.25,
-    the rates are held through update 2 and fall over updates 2-4: x1 at update 2,
-    x(1 - 0.75 / 2) = 0.625 at update 3."""
-    decay = {
-        "jit_compile": True,
-        "lr_decay_updates": 4,
-        "lr_final_scale": 0.25,
-        "lr_decay_start_fraction": 0.5,
-    }
+    rates times 1 - 0.75 min(k / 4, 1): 0.8125 at update 1 and 0.25 from update 4 on.
+    With lr_decay_start_fraction = 0.5 the rates are held through update 2 and fall over
+    updates 2-4: x1 at update 2, x(1 - 0.75 / 2) = 0.625 at update 3."""
+    decay = {"jit_compile": True, "lr_decay_updates": 4, "lr_final_scale": 0.25, **hold}
     metrics, config = _check_one_update_against_reference(
         "features", decay, num_steps=update, lr_scale=scale
     )
