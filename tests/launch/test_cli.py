@@ -318,11 +318,13 @@ def test_show_config_prints_effective_flags(capsys):
     # The quick preset guards against a saturated policy; the paper preset is Acme's.
     assert "--config.policy_preactivation_penalty=0.0001" in lines
     assert "--config.lr_decay_updates=50000" in lines  # Over the 100k-step budget; Acme: 0.
+    assert "--config.lr_decay_start_fraction=0.5" in lines  # Held for the first half.
     assert cli.main(["launch", "d4pg", "--preset", "paper", "--show-config"]) == 0
     paper = capsys.readouterr().out.split()
     assert "--config.policy_layers=256,256,256" in paper
     assert "--config.policy_preactivation_penalty=0.0" in paper
     assert "--config.lr_decay_updates=0" in paper
+    assert "--config.lr_decay_start_fraction=0.0" in paper
 
 
 def test_gpu_spec_without_gpus(tmp_path, capsys, monkeypatch):
