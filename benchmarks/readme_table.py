@@ -134,8 +134,15 @@ def _kills_text(kills: list[Mapping[str, Any]]) -> str:
 
 
 SUITE_RESULT = "agents_learning_suite.json"
+# The suite table's runs until the quick preset held its rates for half the run (both
+# decaying from update 0): the baseline of the rows that compared settings with it on
+# 2026-12-04 and 2026-12-05.
+DECAY_FROM_START_SUITE_RESULT = "agents_learning_suite_decay_from_start.json"
 # 500k-step runs of the slowest-to-plateau tasks: the suite script with --steps 500000.
 SUITE_LONG_RESULT = "agents_learning_suite_500k.json"
+# The 500k column's runs until the quick preset held its rates for half the run (decaying
+# from update 0 over the whole 500k).
+LONG_DECAY_FROM_START_RESULT = "agents_learning_suite_500k_decay_from_start.json"
 # The 500k column's runs until the quick preset's rates decayed (constant Adam 1e-3).
 LONG_CONSTANT_LR_RESULT = "agents_learning_suite_500k_constant_lr.json"
 # The suite table's runs until the quick preset's learning rates decayed (constant Adam
@@ -227,14 +234,20 @@ def _ab_time_to_target(result: Mapping[str, Any]) -> str:
     return f"{one('candidate')} vs {one('default')}"
 
 
-def _vs_suite_row(result: str, what: str) -> Row:
-    """The row of a candidate's suite runs against the suite table's runs of its seeds."""
+def _vs_decay_from_start_row(result: str, what: str) -> Row:
+    """The row of a candidate's suite runs against the decay-from-start preset's suite
+    runs (the suite table until 2026-12-05) of its seeds."""
     return Row(
         result,
-        what + ": mean eval return vs the suite table's runs (`agents_learning_suite.json`) "
-        "of the same seeds, and the runs that collapsed, 10 episodes per evaluation",
+        what + ": mean eval return vs the rates decaying from update 0 (the suite table's "
+        "runs until 2026-12-05, `agents_learning_suite_decay_from_start.json`) on the same "
+        "seeds, and the runs that collapsed, 10 episodes per evaluation",
         "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+        derived={
+            "tasks": lambda d: _candidate_vs_default_text(
+                d, DECAY_FROM_START_SUITE_RESULT, collapses=True
+            )
+        },
     )
 
 
@@ -673,10 +686,11 @@ ROWS: tuple[Row, ...] = (
     ),
     _setting_ab_row(
         "lr_hold_half",
-        "`launch_setting_ab --flag=--config.lr_decay_start_fraction=0.5 --seeds 0,1,2,3`: "
-        "the README's main command with both Adam rates held at 1e-3 for the first 25k of its "
-        "50k learner updates, then decaying to 1e-4 (a candidate) / the defaults (decaying "
-        "from update 0)",
+        "`launch_setting_ab --flag=--config.lr_decay_start_fraction=0.5 --seeds 0,1,2,3`, "
+        "then `--seeds 4,5 --add-seeds`: the README's main command with both Adam rates held "
+        "at 1e-3 for the first 25k of its 50k learner updates, then decaying to 1e-4 (a "
+        "candidate then, the quick preset since 2026-12-05) / the defaults then (decaying "
+        "from update 0), at 4775eac and 910ab7c",
     ),
     Row(
         "agents_learning_suite_g1.json",
@@ -718,47 +732,49 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": lambda d: _candidate_vs_default_text(d, CONSTANT_LR_SUITE_RESULT)},
     ),
     Row(
-        SUITE_RESULT,
+        DECAY_FROM_START_SUITE_RESULT,
         "`agents_learning_suite --seeds 0,1,2` (then `--seeds 3`, then `--seeds 4,5`) "
         "`--launch-flag=--config.lr_decay_updates=100000 --launch-flag=--config.lr_final_scale=0.1`: "
         "both Adam rates decaying linearly from 1e-3 to 1e-4 over 100k learner updates (200k "
-        "actor steps; the quick preset's rule since, a decay over the run's budget, gives "
-        "102,500 for the suite's 205k launch steps): the suite table below, at f0e42b7 and "
-        "ac95df2 (the same agent; two runs at a time): mean eval return vs the constant "
-        "rates of the preset before (`agents_learning_suite_constant_lr.json`) on the same seeds, "
-        "10 episodes per evaluation",
+        "actor steps; the quick preset's rule until 2026-12-05, a decay over the run's budget, "
+        "gives 102,500 for the suite's 205k launch steps): the suite table's runs until "
+        "2026-12-05, at f0e42b7 and ac95df2 (the same agent; two runs at a time), and "
+        "reacher:easy seeds 6-11 at 910ab7c (that preset; beside the held decay's): mean eval "
+        "return vs the constant rates of the preset before "
+        "(`agents_learning_suite_constant_lr.json`) on the same seeds, 10 episodes per "
+        "evaluation",
         "{tasks}",
         derived={"tasks": lambda d: _candidate_vs_default_text(d, CONSTANT_LR_SUITE_RESULT)},
     ),
-    _vs_suite_row(
+    _vs_decay_from_start_row(
         "agents_learning_suite_lr_final_0.3.json",
         "`agents_learning_suite --seeds 0,1,2` beside `--seeds 3,4,5`, "
         "`--launch-flag=--config.lr_final_scale=0.3`: both Adam rates decaying to 0.3 of 1e-3 "
         "instead of the preset's 0.1 over the run's budget (102,500 learner updates), at "
         "977b9d1 (two runs at a time)",
     ),
-    _vs_suite_row(
+    _vs_decay_from_start_row(
         "agents_learning_suite_policy_lr_kept.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0,1,2,3,4,5 "
         "--launch-flag=--config.policy_lr_final_scale=1`: the policy's Adam rate kept at 1e-3 "
         "while the critic's decays to 0.1 of it over the run's budget, at cfd06cd (beside "
         "the other network's run)",
     ),
-    _vs_suite_row(
+    _vs_decay_from_start_row(
         "agents_learning_suite_critic_lr_kept.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0,1,2,3,4,5 "
         "--launch-flag=--config.critic_lr_final_scale=1`: the critic's Adam rate kept at 1e-3 "
         "while the policy's decays to 0.1 of it over the run's budget, at cfd06cd (beside "
         "the other network's run); cheetah:run the same way at de2b045 (seeds 0-2 beside 3-5)",
     ),
-    _vs_suite_row(
+    _vs_decay_from_start_row(
         "agents_learning_suite_critic_lr_final_0.3.json",
         "`agents_learning_suite --tasks finger:spin,cheetah:run --seeds 0,1,2` beside "
         "`--seeds 3,4,5`, `--launch-flag=--config.critic_lr_final_scale=0.3`: the critic's "
         "Adam rate decaying to 0.3 of 1e-3, the policy's to the preset's 0.1, over the run's "
         "budget, at f1c1fa6 (two runs at a time)",
     ),
-    _vs_suite_row(
+    _vs_decay_from_start_row(
         "agents_learning_suite_target_policy.json",
         "`agents_learning_suite --tasks finger:spin,cheetah:run,walker:walk` beside "
         "`--tasks ball_in_cup:catch,reacher:easy,cartpole:swingup`, "
@@ -766,7 +782,7 @@ ROWS: tuple[Row, ...] = (
         "the target networks, as Acme's do, the decaying preset otherwise, at 1cd96ac "
         "(two runs at a time)",
     ),
-    _vs_suite_row(
+    _vs_decay_from_start_row(
         "agents_learning_suite_network_init_acme.json",
         "`agents_learning_suite --tasks finger:spin,cheetah:run,walker:walk` beside "
         "`--tasks ball_in_cup:catch,reacher:easy,cartpole:swingup`, "
@@ -775,13 +791,14 @@ ROWS: tuple[Row, ...] = (
         "then seeds 3-5 of cheetah:run and reacher:easy, and seeds 3 and 4 of finger:spin and "
         "seed 3 of walker:walk, at 3f9a59b (the same agent)",
     ),
-    _vs_suite_row(
-        "agents_learning_suite_lr_hold_0.5.json",
+    _vs_decay_from_start_row(
+        SUITE_RESULT,
         "`agents_learning_suite --tasks finger:spin,cheetah:run,walker:walk` beside "
         "`--tasks ball_in_cup:catch,reacher:easy,cartpole:swingup`, "
         "`--launch-flag=--config.lr_decay_start_fraction=0.5`: both Adam rates held at 1e-3 "
-        "for the first half of the run's learner updates, then decaying linearly to the "
-        "preset's 0.1 by its end, at 4775eac (two runs at a time)",
+        "for the first half of the run's learner updates, then decaying linearly to 0.1 of "
+        "it by its end (the quick preset since 2026-12-05), at 4775eac, then reacher:easy "
+        "seeds 6-11 at 910ab7c (two runs at a time): the suite table below",
     ),
     Row(
         "agents_learning_suite_wide.json",
@@ -838,8 +855,15 @@ ROWS: tuple[Row, ...] = (
         "launch_time_to_score.json",
         "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command (`replicator "
         "launch d4pg`, defaults: local backend, 2 actors, cartpole:swingup; the quick preset's "
-        "Adam rates decaying over the run's 100k-step budget, i.e. 50k updates), wall time to "
-        "eval return 800, median of 6 seeds, one launch at a time, at b740345",
+        "Adam rates held for the first 25k of the run's 50k updates, then decaying), wall "
+        "time to eval return 800, median of 6 seeds, one launch at a time, at f4ea1e1",
+    ),
+    _time_to_score_row(
+        "launch_time_to_score_decay_from_start.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command with the quick "
+        "preset until 2026-12-05 (the rates decaying from update 0 over the 100k-step "
+        "budget's 50k updates), wall time to eval return 800, median of 6 seeds, one launch "
+        "at a time, at b740345",
     ),
     _time_to_score_row(
         "launch_time_to_score_rerun.json",
@@ -954,16 +978,32 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": _long_vs_constant_lr_text},
     ),
     Row(
-        SUITE_LONG_RESULT,
+        LONG_DECAY_FROM_START_RESULT,
         "`agents_learning_suite --tasks cheetah:run,finger:spin --seeds 0` beside `--seeds 1` at "
-        "1b8209b, then `--tasks walker:walk` at 1910826, `--steps 500000 "
-        "--launch-flag=--config.lr_decay_updates=250000`: the rates decaying over the whole run "
-        "(the quick preset's rule since, which sets 252,500 for the suite's 505k launch steps): "
-        "the suite table's 500k column, vs the constant rates' long runs "
+        "1b8209b, then `--tasks walker:walk` at 1910826, then seeds 2 and 3 of cheetah:run and "
+        "walker:walk at f1c1fa6, `--steps 500000 --launch-flag=--config.lr_decay_updates=250000`: "
+        "the rates decaying from update 0 over the whole run (the quick preset's rule until "
+        "2026-12-05, which sets 252,500 for the suite's 505k launch steps), the suite table's "
+        "500k column until 2026-12-05, vs the constant rates' long runs "
         "(`agents_learning_suite_500k_constant_lr.json`) on the same seeds, mean eval, 10 "
         "episodes per evaluation",
         "{tasks}",
         derived={"tasks": _long_vs_constant_lr_text},
+    ),
+    Row(
+        SUITE_LONG_RESULT,
+        "`agents_learning_suite --tasks cheetah:run --seeds 0,1` beside `--tasks walker:walk`, "
+        "then `--tasks finger:spin --seeds 0` beside `--seeds 1`, then seeds 2 and 3 of "
+        "cheetah:run and walker:walk, `--steps 500000 "
+        "--launch-flag=--config.lr_decay_start_fraction=0.5`, at 910ab7c: the rates held for "
+        "the first half of the run, then decaying to 0.1 by its end (the quick preset since "
+        "2026-12-05), the suite table's 500k column, vs the rates decaying from update 0 "
+        "(`agents_learning_suite_500k_decay_from_start.json`) on the same seeds, mean eval, 10 "
+        "episodes per evaluation",
+        "{tasks}",
+        derived={
+            "tasks": lambda d: _long_runs_text(_read_result(LONG_DECAY_FROM_START_RESULT), now=d)
+        },
     ),
     Row(
         "launch_time_to_score_penalty.json",
