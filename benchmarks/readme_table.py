@@ -692,6 +692,30 @@ ROWS: tuple[Row, ...] = (
         "candidate then, the quick preset since 2026-12-05) / the defaults then (decaying "
         "from update 0), at 4775eac and 910ab7c",
     ),
+    _setting_ab_row(
+        "learner_intra_op_default",
+        "`launch_setting_ab --flag=--learner-intra-op-threads=0 --seeds 0,1,2`: the README's "
+        "main command with TensorFlow's default op threads in the learner (its XLA update "
+        "then splits two loops per update over 2 threads) / the defaults since 2026-12-05 "
+        "(one thread for a one-replica CPU learner of features), on the code that made it one",
+    ),
+    _setting_ab_row(
+        "row_mixing_block",
+        "`launch_setting_ab --flag=--config.row_mixing=block --seeds 0,1,2`: the README's main "
+        "command with sampled rows mixed a permuted block of 4096 at a time / the defaults "
+        "(a tf.data shuffle buffer of 4096 rows)",
+    ),
+    Row(
+        "agents_learning_suite_row_mixing_block.json",
+        "`agents_learning_suite --tasks ball_in_cup:catch,cartpole:swingup,cheetah:run` beside "
+        "`--tasks finger:spin,reacher:easy,walker:walk`, `--seeds 0,1,2 "
+        "--launch-flag=--config.row_mixing=block`: sampled rows mixed a permuted block of 4096 "
+        "at a time, the preset otherwise (and one op thread in the learner), two runs at a time: "
+        "mean eval return vs the suite table's runs (a shuffle buffer of 4096 rows) on the same "
+        "seeds, and the runs that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
     Row(
         "agents_learning_suite_g1.json",
         "`agents_learning_suite --launch-flag=--config.transitions_per_item=1`: mean eval "
@@ -855,8 +879,15 @@ ROWS: tuple[Row, ...] = (
         "launch_time_to_score.json",
         "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command (`replicator "
         "launch d4pg`, defaults: local backend, 2 actors, cartpole:swingup; the quick preset's "
-        "Adam rates held for the first 25k of the run's 50k updates, then decaying), wall "
-        "time to eval return 800, median of 6 seeds, one launch at a time, at f4ea1e1",
+        "Adam rates held for the first 25k of the run's 50k updates, then decaying; one op "
+        "thread in the learner), wall time to eval return 800, median of 6 seeds, one launch "
+        "at a time, on 2026-12-05 on the code of the commit that made one thread the default",
+    ),
+    _time_to_score_row(
+        "launch_time_to_score_default_threads.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5`: the row above with TensorFlow's default "
+        "op threads in the learner (the default until 2026-12-05), at f4ea1e1, on another "
+        "machine of this kind whose learner ran ~30% slower on the same command",
     ),
     _time_to_score_row(
         "launch_time_to_score_decay_from_start.json",

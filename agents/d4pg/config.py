@@ -22,6 +22,9 @@ DEFAULT_TRANSITIONS_PER_ITEM = 16
 # Values of `D4PGConfig.network_init`: ours, and Acme's LayerNormMLP (see the docstring).
 NETWORK_INITS = ("lecun_uniform", "acme")
 
+# Values of `D4PGConfig.row_mixing`: how the learner mixes the rows of sampled items.
+ROW_MIXINGS = ("buffer", "block")
+
 # What a config saved before a key existed meant: the behaviour the runs that wrote it
 # had, which need not be today's default (defaults may change when measured). Used by
 # `D4PGConfig.from_saved`, e.g. to resume or export such a run.
@@ -32,6 +35,7 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "transitions_per_item": 1,
     "item_pool_size": 256,  # Unused with one transition per item.
     "shuffle_buffer_transitions": 4096,  # Likewise.
+    "row_mixing": "buffer",  # Likewise.
     "lr_decay_updates": 0,  # Constant rates: no run decayed them before the key existed.
     "lr_final_scale": 0.1,  # Unused without a decay.
     "lr_decay_start_fraction": 0.0,  # Decays, where any, started at update 0.
@@ -208,6 +212,16 @@ class D4PGConfig:
     transitions_per_item: int | None = None
     item_pool_size: int = 256  # Transitions an actor shuffles before it writes G (G > 1).
     shuffle_buffer_transitions: int = 4096  # Learner-side mixing of sampled rows (G > 1).
+    # How the learner mixes them (`ROW_MIXINGS`). "buffer": a tf.data shuffle buffer of
+    # `shuffle_buffer_transitions` rows, fed row by row (~6 us of learner CPU per
+    # transition in per-row dataset ops). "block": the items of one block
+    # (`shuffle_buffer_transitions` rows, rounded up to whole batches) are sampled
+    # together, their rows permuted in one op and cut into batches: every sampled row is
+    # used once, as with the buffer, and a batch of B holds rows of as many items,
+    # R/G (1 - (1 - G/R)^B) of a block of R rows (~57 at 4096, 16, 64). Measured: 1.05x the
+    # README command's learner updates/s, no gain in learning on the suite (cheetah:run
+    # lower on 3 seeds), so not the default (docs/throughput.md).
+    row_mixing: str = "buffer"
     # Acting.
     sigma: float = 0.3
     variable_update_period: int = 1000  # Actor pulls weights every K environment steps.
@@ -294,6 +308,10 @@ class D4PGConfig:
             problems.append(
                 f"batch_size ({self.batch_size}) must be a multiple of transitions_per_item "
                 f"({group}): a batch is batch_size / transitions_per_item whole items"
+            )
+        if self.row_mixing not in ROW_MIXINGS:
+            problems.append(
+                f"row_mixing must be one of {sorted(ROW_MIXINGS)}, got {self.row_mixing!r}"
             )
         if self.shuffle_buffer_transitions < 0:
             problems.append(

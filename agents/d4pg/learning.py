@@ -78,8 +78,9 @@ def reverb_input_fn(
 
     With G = `transitions_per_item` > 1 each replica samples B / G items per batch of B
     transitions (uniformly, as Reverb samples), and their rows pass through a shuffle
-    buffer of `config.shuffle_buffer_transitions` before they are batched (see
-    `D4PGConfig.transitions_per_item`).
+    buffer of `config.shuffle_buffer_transitions` before they are batched, or with
+    `row_mixing="block"` are permuted a block of that many rows at a time (see
+    `D4PGConfig.transitions_per_item` and `row_mixing`).
     """
     discount = float(config.discount)
     layout = None
@@ -133,7 +134,19 @@ def reverb_input_fn(
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             max_samples_per_stream=SAMPLES_PER_STREAM,
         )
-        if config.shuffle_buffer_transitions > 1:
+        if config.shuffle_buffer_transitions > 1 and config.row_mixing == "block":
+            # One element per block of items: their rows permuted together, cut into
+            # batches. The same mixing as the buffer without its per-row dataset ops.
+            rows = -(-config.shuffle_buffer_transitions // per_replica) * per_replica
+            dataset = dataset.batch(rows // group, drop_remainder=True)
+
+            def permuted_batches(sample: reverb.ReplaySample) -> tf.Tensor:
+                block = tf.random.shuffle(tf.reshape(sample.data, [rows, layout.width]))
+                return tf.reshape(block, [rows // per_replica, per_replica, layout.width])
+
+            # The next block is sampled while this one's batches are used.
+            dataset = dataset.map(permuted_batches).prefetch(1).unbatch()
+        elif config.shuffle_buffer_transitions > 1:
             # Rows of many items are mixed before they are batched, so a batch holds
             # transitions of ~min(B, buffer / G) items rather than B / G whole items.
             dataset = dataset.map(lambda sample: sample.data).unbatch()

@@ -67,6 +67,16 @@ def add_flags(d4pg: argparse.ArgumentParser) -> None:
         f"(default: {defaults.learner_workers}{own})",
     )
     d4pg.add_argument(
+        "--learner-intra-op-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads one TensorFlow op of a learner process may use, its compiled XLA "
+        "update included; 0: TensorFlow's default, one per core (default: 1 for one worker "
+        "of one cpu replica on feature observations, where actors share the cores, else "
+        f"0{own})",
+    )
+    d4pg.add_argument(
         "--ray-resources",
         action="append",
         default=None,
@@ -369,6 +379,7 @@ def resolve(raw_args, overrides: dict[str, str]):
         eval_episodes=args.eval_episodes,
         learner_workers=args.learner_workers,
         learner_gpus=learner_gpus,
+        learner_intra_op_threads=args.learner_intra_op_threads,
         ray_resources=ray_resources,
         learner_stall_timeout_s=args.learner_stall_timeout,
         max_restarts=args.max_restarts,
@@ -400,6 +411,11 @@ def check_learner(args, config) -> tuple[float, dict[str, dict[str, float]], int
     from launch.runtime import learner_group  # pylint: disable=import-outside-toplevel
     from launch.runtime import resources as res  # pylint: disable=import-outside-toplevel
 
+    if args.learner_intra_op_threads is not None and args.learner_intra_op_threads < 0:
+        raise LaunchError(
+            f"--learner-intra-op-threads must be >= 0 (0: TensorFlow's default), got "
+            f"{args.learner_intra_op_threads}"
+        )
     spec, workers = args.learner_replicas.strip().lower(), args.learner_workers
     try:
         import replication  # pylint: disable=import-outside-toplevel

@@ -34,6 +34,7 @@ def stored_flag_defaults() -> dict[str, Any]:
         "backend": "local",
         "learner_replicas": d.learner_replicas,
         "learner_workers": d.learner_workers,
+        "learner_intra_op_threads": None,  # The learner's own default (see the program).
         "ray_address": None,
         "ray_resources": None,
         "bind_host": "127.0.0.1",
@@ -74,6 +75,7 @@ _STORED_TYPES: dict[str, tuple[type, ...]] = {
     "ray_resources": (list,),
     "eval_every": _NUMBER,
     "eval_every_steps": (int,),
+    "learner_intra_op_threads": (int,),
     "replay_checkpoint_every": _NUMBER,
     "snapshot_every": _NUMBER,
     "restart_window": _NUMBER,

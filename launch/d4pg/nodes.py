@@ -172,6 +172,7 @@ def learner(
     keep_snapshots: int = 3,
     worker_index: int = 0,
     group_addresses: list[str] | None = None,
+    intra_op_threads: int = 0,
 ) -> None:
     """Restores from RUN_DIR/checkpoints/learner if any, then updates until stopped.
 
@@ -191,7 +192,9 @@ def learner(
     """
     from launch.runtime import learner_group  # pylint: disable=import-outside-toplevel
 
-    # First: logical CPUs and the multi-worker runtime must precede any TF op.
+    # First: thread pools, logical CPUs and the multi-worker runtime precede any TF op.
+    if intra_op_threads:
+        limit_intra_op_threads(ctx, intra_op_threads)
     repl = learner_group.make_replicator(replicas, group_addresses, worker_index)
     import reverb  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -338,6 +341,24 @@ def learner(
     snapshot()
     writer.flush()
     ctx.log(f"final learner checkpoint at step {agent.num_steps}: {path}")
+
+
+def limit_intra_op_threads(ctx, threads: int) -> None:
+    """Lets one TensorFlow op of this process use at most `threads` threads, XLA's
+    compiled computations included (`D4PGProgramSettings.learner_intra_op_threads`).
+
+    Only possible before TensorFlow starts in the process: with the threads backend,
+    where every node shares one process, TensorFlow keeps its default (logged).
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+    except RuntimeError:
+        ctx.log(
+            f"TensorFlow already runs in this process: its ops keep their default "
+            f"threads (learner_intra_op_threads={threads} not applied)"
+        )
 
 
 def _cancel_steps_blocked_at_stop(ctx, agent, loop_done: threading.Event) -> None:

@@ -147,6 +147,14 @@ class D4PGProgramSettings:
       report_every_s: Period of learner/replay metrics and TensorBoard summaries.
       learner_workers: Learner processes forming one multi-worker learner (1: one).
       learner_gpus: GPUs each learner worker asks its backend for (0 for cpu specs).
+      learner_intra_op_threads: Threads one TensorFlow op of a learner process may use,
+        XLA's compiled update included (0: TensorFlow's default, one per core). None: 1
+        for a learner of one CPU replica in one process on feature observations, else 0.
+        That learner's whole update is one XLA computation which splits two of its loops
+        in halves over 2 threads and waits for the second half; where actors and the
+        evaluator share the cores, that wait cost the README command's learner 5-10% of
+        its updates (docs/throughput.md); on one thread the update computes the same
+        values.
       ray_resources: Extra Ray custom resources per role ("replay", "learner",
         "actor", "evaluator"), e.g. ``{"learner": {"learner_host": 1}}`` (each
         learner worker asks for them); ignored by the local and threads backends.
@@ -174,6 +182,7 @@ class D4PGProgramSettings:
     report_every_s: float = 5.0
     learner_workers: int = 1
     learner_gpus: float = 0.0
+    learner_intra_op_threads: int | None = None
     ray_resources: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     learner_stall_timeout_s: float = 300.0
     max_restarts: int = 10
@@ -182,6 +191,13 @@ class D4PGProgramSettings:
     def learner_replica_count(self) -> int:
         """Replicas of the whole learner (`learner_replica_count`)."""
         return learner_replica_count(self.learner_replicas, self.learner_workers, self.learner_gpus)
+
+    def resolved_learner_intra_op_threads(self, from_pixels: bool) -> int:
+        """`learner_intra_op_threads`, its default resolved (0: TensorFlow's own)."""
+        if self.learner_intra_op_threads is not None:
+            return self.learner_intra_op_threads
+        single = self.learner_replicas == "cpu" and self.learner_workers == 1
+        return 1 if single and not from_pixels else 0
 
     def learner_names(self) -> list[str]:
         """Node names of the learner workers, the chief first."""
@@ -230,6 +246,9 @@ def make_program(settings: D4PGProgramSettings, config: dict[str, Any]) -> Progr
                 **common,
                 "replay_address": address,
                 "replicas": settings.learner_replicas,
+                "intra_op_threads": settings.resolved_learner_intra_op_threads(
+                    bool(config.get("from_pixels"))
+                ),
                 "checkpoint_every_steps": settings.learner_checkpoint_every_steps,
                 "checkpoint_every_s": settings.learner_checkpoint_every_s,
                 "snapshot_every_s": settings.learner_snapshot_every_s,

@@ -141,8 +141,12 @@ def test_an_item_draws_its_transitions_from_the_whole_pool():
         server.stop()
 
 
-@pytest.mark.parametrize("shuffle", [0, 64], ids=["whole_items", "shuffled_rows"])
-def test_learner_batches_are_exact_n_step_transitions_across_replicas(shuffle):
+MIXINGS = [(0, "buffer"), (64, "buffer"), (64, "block")]
+MIXING_IDS = ["whole_items", "shuffle_buffer", "permuted_blocks"]
+
+
+@pytest.mark.parametrize("shuffle, mixing", MIXINGS, ids=MIXING_IDS)
+def test_learner_batches_are_exact_n_step_transitions_across_replicas(shuffle, mixing):
     """Grouped replay -> the learner's input on 2 replicas -> whole (R_t, D_t) rows."""
     n, episodes = 3, [(9, 0.0), (6, 1.0), (11, 0.0)]
     config = _config(
@@ -151,6 +155,7 @@ def test_learner_batches_are_exact_n_step_transitions_across_replicas(shuffle):
         item_pool_size=8,
         batch_size=16,
         shuffle_buffer_transitions=shuffle,
+        row_mixing=mixing,
     )
     server = make_replay_server(config, SPEC)
     try:
@@ -179,8 +184,10 @@ def test_learner_batches_are_exact_n_step_transitions_across_replicas(shuffle):
         server.stop()
 
 
-@pytest.mark.parametrize("shuffle", [0, 256], ids=["whole_items", "shuffled_rows"])
-def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle):
+@pytest.mark.parametrize(
+    "shuffle, mixing", [(0, "buffer"), (256, "buffer"), (256, "block")], ids=MIXING_IDS
+)
+def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle, mixing):
     """Items of 4 consecutive steps (pool = G): whole-item batches keep them together."""
     config = _config(
         n_step=1,
@@ -188,6 +195,7 @@ def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle):
         item_pool_size=4,
         batch_size=64,
         shuffle_buffer_transitions=shuffle,
+        row_mixing=mixing,
     )
     server = make_replay_server(config, SPEC)
     try:
@@ -199,6 +207,32 @@ def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle):
         steps = batch.observation[:, 0].numpy().reshape(16, 4)  # Aligned quads of rows.
         together = np.mean(steps.max(axis=1) - steps.min(axis=1) == 3)
         assert together == (1.0 if shuffle == 0 else pytest.approx(0.0, abs=0.2))
+    finally:
+        server.stop()
+
+
+def test_a_permuted_block_holds_every_row_of_its_items_once():
+    """Block mixing: the batches cut from one block are the rows of its items, each used
+    once (items of 4 consecutive steps; a block of 256 rows is 64 items, 4 batches)."""
+    config = _config(
+        n_step=1,
+        transitions_per_item=4,
+        item_pool_size=4,
+        batch_size=64,
+        shuffle_buffer_transitions=256,
+        row_mixing="block",
+    )
+    server = make_replay_server(config, SPEC)
+    try:
+        address = f"localhost:{server.port}"
+        _write_episodes(_writer(reverb.Client(address), config), 1, [(400, 1.0)])
+        dataset = reverb_input_fn(address, config, env_spec=SPEC)(tf.distribute.InputContext())
+        for block in dataset.batch(4).take(3):
+            steps = block.observation[:, :, 0].numpy().ravel()
+            items, rows_per_item = np.unique(steps // 4, return_counts=True)
+            # An item sampled k times brings its 4 rows k times; none is cut or repeated.
+            assert (rows_per_item % 4 == 0).all()
+            assert rows_per_item.sum() == 256 and len(items) > 40
     finally:
         server.stop()
 

@@ -150,6 +150,7 @@ def test_relaunch_rules_leave_the_run_untouched(finished_run, capsys):
         (["--actors", "0"], 2, "--actors must be at least 1"),
         (["--learner-workers", "0"], 2, "--learner-workers must be at least 1"),
         (["--learner-stall-timeout", "-1"], 2, "--learner-stall-timeout must be 0 (never)"),
+        (["--learner-intra-op-threads", "-1"], 2, "--learner-intra-op-threads must be >= 0"),
         (["--learner-workers", "2", "--learner-replicas", "cpu:2"], 2, "one CPU device per"),
         (["--learner-workers", "3"], 2, "divisible by the 3 learner replicas (3 worker(s)"),
         (["--learner-workers", "2", "--backend", "threads"], 2, "use --backend local or ray"),

@@ -16,7 +16,12 @@ from tests.launch import d4pg_support as s
 pytestmark = pytest.mark.timeout(120)
 
 ACME_OPTIONS = ("act_with_target_policy", "network_init", "short_transitions_from_first_state")
-LAYOUT_KEYS = ("transitions_per_item", "item_pool_size", "shuffle_buffer_transitions")
+LAYOUT_KEYS = (
+    "transitions_per_item",
+    "item_pool_size",
+    "shuffle_buffer_transitions",
+    "row_mixing",
+)
 DECAY_KEYS = (
     "lr_decay_updates",
     "lr_final_scale",
