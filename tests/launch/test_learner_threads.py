@@ -80,7 +80,7 @@ def _partitioned_loops(tmp_path, limit: bool) -> int:
         return f.read().count("outer_dimension_partitions")
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="XLA splits loops over 2+ cores only")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="XLA splits loops over 2+ cores only")
 def test_the_limited_learner_update_splits_no_loop_over_threads(tmp_path):
     # TensorFlow's default lets XLA split the update's largest loops over the cores (the
     # learner then waits for a thread that actors may hold); one thread splits none.
