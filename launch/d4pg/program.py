@@ -196,8 +196,8 @@ class D4PGProgramSettings:
         """`learner_intra_op_threads`, its default resolved (0: TensorFlow's own)."""
         if self.learner_intra_op_threads is not None:
             return self.learner_intra_op_threads
-        single = self.learner_replicas == "cpu" and self.learner_workers == 1
-        return 1 if single and not from_pixels else 0
+        one_cpu = _cpu_counts(self.learner_replicas) == (1, 1)  # "cpu" or "cpu:1"
+        return 1 if one_cpu and self.learner_workers == 1 and not from_pixels else 0
 
     def learner_names(self) -> list[str]:
         """Node names of the learner workers, the chief first."""

@@ -23,6 +23,7 @@ def _learner_threads(**kwargs) -> int:
 
 def test_one_thread_by_default_for_one_cpu_replica_on_features_only():
     assert _learner_threads() == 1
+    assert _learner_threads(replicas="cpu:1") == 1  # The same single replica.
     assert _learner_threads(replicas="cpu:2", config={"batch_size": 64}) == 0
     assert _learner_threads(config={"from_pixels": True}) == 0
     assert _learner_threads(learner_workers=2, config={"batch_size": 64}) == 0
