@@ -11,7 +11,7 @@ import logging
 import math
 
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.replay import REPLAY_TABLE
+from agents.d4pg.replay import REPLAY_TABLE, table_info
 
 _log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class ReplayRatio:
     """Achieved samples per insert of the "replay" table, read from Reverb every K updates.
 
     Sampled and inserted item counts come from the table's rate-limiter statistics
-    (one `server_info` call); the ratio is over the interval since the last reading, so
+    (one `replay.table_info` call); the ratio is over the interval since the last reading, so
     it tracks the current regime (and compares with `samples_per_insert`). Prefetched
     samples count as sampled. Returns None between readings, without a client, or when
     the server cannot be reached (the learner must not fail for a metric).
@@ -121,7 +121,7 @@ class ReplayRatio:
             return None
         self._last_step = step
         try:
-            info = self._client.server_info(timeout=1)[self._table].rate_limiter_info
+            info = table_info(self._client, self._table, timeout=1).rate_limiter_info
         except Exception:  # pylint: disable=broad-except  # A metric, never a failure.
             return None
         current = (int(info.sample_stats.completed), int(info.insert_stats.completed))

@@ -265,6 +265,10 @@ class D4PGLearner(core.Learner):
             self._policy_optimizer = replicator.wrap_optimizer(snt.optimizers.Adam(policy_lr))
             self._critic_optimizer = replicator.wrap_optimizer(snt.optimizers.Adam(critic_lr))
             self._num_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_steps")
+        # The counter as the last `step` call returned it (None: read the variable). A
+        # read of a distributed variable costs ~0.1-0.5 ms, and a launch's learner asks
+        # after every call; `step` and `restore` reset it.
+        self._known_steps: int | None = None
         self._copy_to_target()
         self._create_optimizer_state()
 
@@ -504,9 +508,10 @@ class D4PGLearner(core.Learner):
             metrics = {name: metrics[name] + more[name] for name in metrics}
         return {name: value / num_updates for name, value in metrics.items()}
 
-    def _train_step(self, iterator) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    def _train_step(self, iterator) -> tuple[dict[str, tf.Tensor], tf.Tensor, list[tf.Tensor]]:
         """`updates_per_call` updates, each on its own batch: the mean of their metrics,
-        and the update counter after them.
+        the update counter after them and the acting weights after them (what
+        `acting_weights` would read: `step` publishes them without another call).
 
         Fused (`fuse_updates_per_call`): one XLA computation on K stacked batches
         (`_fused_updates`). Otherwise the updates after the first run in a
@@ -519,14 +524,21 @@ class D4PGLearner(core.Learner):
         num_updates = self._config.updates_per_call
         if self._fused:
             metrics = self._repl.reduce(self._repl.run(self._fused_step, next(iterator)), "mean")
-            return metrics, self._num_steps.read_value()
-        metrics = self._repl.reduce(self._repl.run(self._replica_step, next(iterator)), "mean")
-        if num_updates > 1:
-            for _ in tf.range(num_updates - 1):
-                more = self._repl.reduce(self._repl.run(self._replica_step, next(iterator)), "mean")
-                metrics = {name: metrics[name] + more[name] for name in metrics}
-            metrics = {name: value / num_updates for name, value in metrics.items()}
-        return metrics, self._num_steps.read_value()
+        else:
+            metrics = self._repl.reduce(self._repl.run(self._replica_step, next(iterator)), "mean")
+            if num_updates > 1:
+                for _ in tf.range(num_updates - 1):
+                    more = self._repl.reduce(
+                        self._repl.run(self._replica_step, next(iterator)), "mean"
+                    )
+                    metrics = {name: metrics[name] + more[name] for name in metrics}
+                metrics = {name: value / num_updates for name, value in metrics.items()}
+        # Returned, not read afterwards: a compiled read of the group is a second call
+        # (~0.2 ms), which publishing after nearly every call paid.
+        weights = []
+        if self._client is not None:
+            weights = [tf.identity(v) for v in self._acting_variables()]
+        return metrics, self._num_steps.read_value(), weights
 
     def step(self) -> dict[str, float]:
         """`config.updates_per_call` replicated updates in one compiled call.
@@ -544,11 +556,14 @@ class D4PGLearner(core.Learner):
           StepCancelledError: `cancel_steps` was called, before or during this step.
         """
         manager = self._step_cancellation = cancellation.CancellationManager()
+        # Unknown until this call returns its counter: a call that raises may have done
+        # some updates (not with `fuse_updates_per_call`), which a read then counts.
+        self._known_steps = None
         if self._steps_cancelled:  # Also when `cancel_steps` ran just before the line above.
             raise StepCancelledError(_CANCELLED)
         try:
             with cancellation.CancellationManagerContext(manager):
-                metrics, counter = self._train(self._iterator)
+                metrics, counter, weights = self._train(self._iterator)
         except tf.errors.CancelledError:
             if not self._steps_cancelled:
                 raise
@@ -559,10 +574,10 @@ class D4PGLearner(core.Learner):
                 "No replay batch within the sampling timeout: the rate limiter is waiting for "
                 "actors to insert more (or the replay has fewer than min_replay_size items)."
             ) from None
-        steps = int(counter)
+        steps = self._known_steps = int(counter)
         period = self._config.publish_period
         if self._client is not None and steps // period > self._published_at // period:
-            self.publish_variables(wait=False, step=steps)
+            self._publish([w.numpy() for w in weights], steps, wait=False)
         result = {name: float(value) for name, value in metrics.items()}
         self._support_monitor.observe(result)
         spi = self._replay_ratio.update(steps)
@@ -596,6 +611,8 @@ class D4PGLearner(core.Learner):
     @property
     def num_steps(self) -> int:
         """Updates done so far (restored with the checkpoint)."""
+        if self._known_steps is not None:
+            return self._known_steps
         return int(self._num_steps.numpy())
 
     @property
@@ -634,6 +651,11 @@ class D4PGLearner(core.Learner):
         group = "target_policy" if self._config.act_with_target_policy else "policy"
         return self.get_variables([group])[0]
 
+    def _acting_variables(self) -> list[tf.Variable]:
+        """The variables of `acting_weights` (read in the compiled call: `_train_step`)."""
+        acting = self._target if self._config.act_with_target_policy else self._online
+        return acting.acting_variables()
+
     def publish_variables(self, wait: bool = True, step: int | None = None) -> None:
         """Writes `acting_weights()` to the "params" table, tagged with `num_steps`.
 
@@ -646,12 +668,15 @@ class D4PGLearner(core.Learner):
                 "This learner has no replay client to publish to "
                 "(construct it with replay_client=reverb.Client(address))."
             )
+        step = self.num_steps if step is None else step
+        self._publish(self.acting_weights(), step, wait=wait)
+
+    def _publish(self, weights: list[np.ndarray], step: int, wait: bool) -> None:
         if self._publisher is None:
             self._publisher = variables.WeightsPublisher(
                 self._client, timeout_ms=_PUBLISH_TIMEOUT_MS
             )
-        step = self.num_steps if step is None else step
-        self._publisher.publish(step, self.acting_weights(), wait=wait)
+        self._publisher.publish(step, weights, wait=wait)
         self._published_at = step
 
     def wait_for_publish(self) -> None:
@@ -713,6 +738,7 @@ class D4PGLearner(core.Learner):
         if self._manager is None or self._manager.latest_checkpoint is None:
             return False
         self._checkpoint.restore(self._manager.latest_checkpoint).assert_existing_objects_matched()
+        self._known_steps = None
         _log.info(
             "Restored learner from %s (step %d)", self._manager.latest_checkpoint, self.num_steps
         )

@@ -180,12 +180,15 @@ def make_replay_server(
     return server
 
 
-def table_size(client: reverb.Client, table: str = REPLAY_TABLE, timeout: int | None = None) -> int:
-    """Current number of items in `table` (`transitions(...)` converts to transitions).
+def table_info(
+    client: reverb.Client, table: str = REPLAY_TABLE, timeout: int | None = None
+) -> schema_pb2.TableInfo:
+    """The server's `TableInfo` proto of `table`: its size, rate-limiter counts and more.
 
     Reads the server's table protos directly: `reverb.Client.server_info` also decodes
     every table's signature through TensorFlow (~1.5 ms against ~0.1 ms here), which an
-    actor paid at each weights pull (`variables.VariableClient`).
+    actor paid at each weights pull (`variables.VariableClient`) and the learner at each
+    reading of its replay ratio (`diagnostics.ReplayRatio`).
 
     Raises:
       reverb.errors.DeadlineExceededError: no answer within `timeout` seconds (as
@@ -203,5 +206,11 @@ def table_size(client: reverb.Client, table: str = REPLAY_TABLE, timeout: int | 
     for proto in protos:
         info = schema_pb2.TableInfo.FromString(proto)
         if info.name == table:
-            return int(info.current_size)
+            return info
     raise KeyError(f"the replay server has no table {table!r}")
+
+
+def table_size(client: reverb.Client, table: str = REPLAY_TABLE, timeout: int | None = None) -> int:
+    """Current number of items in `table` (`transitions(...)` converts to transitions);
+    raises as `table_info`."""
+    return int(table_info(client, table, timeout).current_size)

@@ -165,7 +165,7 @@ def learner(
     config: dict,
     replay_address: str,
     replicas: str = "cpu",
-    checkpoint_every_steps: int = 1000,
+    checkpoint_every_steps: int = 10_000,
     checkpoint_every_s: float = 300.0,
     snapshot_every_s: float = 60.0,
     report_every_s: float = 5.0,

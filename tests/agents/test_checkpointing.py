@@ -11,7 +11,7 @@ import replication
 from agents.d4pg import variables
 from agents.d4pg.adders import NStepTransitionAdder
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.learning import D4PGLearner, Transition
+from agents.d4pg.learning import D4PGLearner, ReplayTimeoutError, Transition
 from agents.d4pg.replay import PARAMS_TABLE, REPLAY_TABLE, make_replay_server
 from environments import EnvironmentSpec
 
@@ -82,6 +82,41 @@ def test_learner_restore_gives_identical_weights_optimiser_state_and_step(tmp_pa
     second.step()
     for a, b in zip(_state(first), _state(second)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_restoring_a_learner_that_stepped_on_counts_from_the_checkpoint(tmp_path):
+    """`num_steps` after a restore is the checkpoint's, also when the learner had stepped
+    past it (the count a step returned is not kept across the restore)."""
+    learner = D4PGLearner(
+        CONFIG, SPEC, replication.make("cpu"), _input_fn, checkpoint_dir=str(tmp_path)
+    )
+    learner.step()
+    assert learner.save().endswith(f"ckpt-{CONFIG.updates_per_call}")
+    learner.step()
+    learner.step()
+    assert learner.num_steps == 3 * CONFIG.updates_per_call
+    assert learner.restore()
+    assert learner.num_steps == CONFIG.updates_per_call
+    learner.step()
+    assert learner.num_steps == 2 * CONFIG.updates_per_call
+
+
+def test_a_call_cut_short_by_its_input_counts_the_updates_it_did():
+    """Without fused updates a call whose input ends after j of its K batches keeps those
+    j updates (`step` raises `ReplayTimeoutError`), and `num_steps` counts them."""
+    config = CONFIG.from_overrides(
+        {"updates_per_call": 4, "fuse_updates_per_call": False}, base=CONFIG
+    )
+
+    def five_batches(ctx):
+        return _input_fn(ctx).take(5)
+
+    learner = D4PGLearner(config, SPEC, replication.make("cpu"), five_batches)
+    learner.step()
+    assert learner.num_steps == 4
+    with pytest.raises(ReplayTimeoutError):
+        learner.step()
+    assert learner.num_steps == 5
 
 
 def test_replay_checkpoint_restores_into_a_new_server(tmp_path):

@@ -115,11 +115,19 @@ def test_four_fused_updates_equal_four_single_updates(fuse, overrides):
             np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_weights_are_published_when_a_call_crosses_a_multiple_of_the_period():
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "graph_loop"])
+@pytest.mark.parametrize("target", [False, True], ids=["online", "target_policy"])
+def test_weights_are_published_when_a_call_crosses_a_multiple_of_the_period(fuse, target):
     server = make_replay_server(D4PGConfig.from_overrides(BASE), SPEC)
     try:
         client = reverb.Client(f"localhost:{server.port}")
-        learner = _learner(4, publish_period=6, replay_client=client)
+        learner = _learner(
+            4,
+            publish_period=6,
+            fuse=fuse,
+            overrides={"act_with_target_policy": target},
+            replay_client=client,
+        )
         learner.publish_variables()  # As `builder.make_learner` does: version 0.
         source = variables.VariableClient(client)
         published = []
@@ -128,6 +136,11 @@ def test_weights_are_published_when_a_call_crosses_a_multiple_of_the_period():
             learner.wait_for_publish()  # `step` does not wait for its publish to arrive.
             source.update(wait=True)
             published.append(source.version)
+            if source.version == learner.num_steps:  # Published by this call: its result.
+                acting = learner.acting_weights()
+                assert len(source.weights) == len(acting)
+                for pulled, now in zip(source.weights, acting):
+                    np.testing.assert_array_equal(pulled, now)
         # 8 crosses 6, 12 reaches 12, 16 crosses nothing, 20 crosses 18.
         assert published == [0, 8, 12, 12, 20]
     finally:
