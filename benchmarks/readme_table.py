@@ -648,6 +648,28 @@ ROWS: tuple[Row, ...] = (
             "noise": lambda d: "; noisy" if d["noisy"] else "",
         },
     ),
+    Row(
+        "launch_long_run.json",
+        "`launch_long_run --task cheetah:run --steps 500000`: the README's main command on a "
+        "500k-step run, actor steps/s over its last 100k actor steps / over its first 100k "
+        "after start-up (10k-110k), one launch at a time, median over the seeds",
+        "{median_last_over_first/actor_steps_per_s|.2f} (per seed: {per_seed}; learner "
+        "updates/s {median_last_over_first/learner_updates_per_s|.2f}; "
+        "{median_first_window/actor_steps_per_s|.0f} -> "
+        "{median_last_window/actor_steps_per_s|.0f} actor steps/s; replay checkpoints of "
+        "~500k transitions took {last_checkpoints} s){noise}",
+        Target(">=", 0.9, "median_last_over_first/actor_steps_per_s"),
+        derived={
+            "per_seed": lambda d: ", ".join(
+                f"{seed}: {d['runs'][seed]['last_over_first']['actor_steps_per_s']:.2f}"
+                for seed in d["seeds"]
+            ),
+            "last_checkpoints": lambda d: ", ".join(
+                f"{r['replay_checkpoints'][-1]['seconds']:.1f}" for r in d["runs"].values()
+            ),
+            "noise": lambda d: "; noisy" if d["noisy"] else "",
+        },
+    ),
     _setting_ab_row(
         "spi_tolerance_1",
         "`launch_setting_ab --flag=--config.samples_per_insert_tolerance_rate=1.0`: the README's "
@@ -698,6 +720,13 @@ ROWS: tuple[Row, ...] = (
         "main command with TensorFlow's default op threads in the learner (its XLA update "
         "then splits two loops per update over 2 threads) / the defaults since 2026-12-05 "
         "(one thread for a one-replica CPU learner of features), on the code that made it one",
+    ),
+    _setting_ab_row(
+        "checkpoint_every_1000",
+        "`launch_setting_ab --flag=--checkpoint-every=1000 --seeds 0,1,2`: the README's main "
+        "command with a learner checkpoint every 1,000 updates (the default until "
+        "2026-12-05, ~every 1.3 s at this learner's rate) / every 10,000 (the default since), "
+        "at 3177316",
     ),
     _setting_ab_row(
         "row_mixing_block",
@@ -822,7 +851,10 @@ ROWS: tuple[Row, ...] = (
         "`--launch-flag=--config.lr_decay_start_fraction=0.5`: both Adam rates held at 1e-3 "
         "for the first half of the run's learner updates, then decaying linearly to 0.1 of "
         "it by its end (the quick preset since 2026-12-05), at 4775eac, then reacher:easy "
-        "seeds 6-11 at 910ab7c (two runs at a time): the suite table below",
+        "seeds 6-11 at 910ab7c, then seeds 6-11 of the other five tasks at 7ece93e "
+        "(ball_in_cup:catch seeds 6 and 9 at e0cc459; the same agent, `--seeds "
+        "6,7,8,9,10,11` with `--tasks ball_in_cup:catch,cartpole:swingup,cheetah:run` beside "
+        "`--tasks finger:spin,walker:walk`; two runs at a time): the suite table below",
     ),
     Row(
         "agents_learning_suite_wide.json",
@@ -881,7 +913,14 @@ ROWS: tuple[Row, ...] = (
         "launch d4pg`, defaults: local backend, 2 actors, cartpole:swingup; the quick preset's "
         "Adam rates held for the first 25k of the run's 50k updates, then decaying; one op "
         "thread in the learner), wall time to eval return 800, median of 6 seeds, one launch "
-        "at a time, on 2026-12-05 on the code of the commit that made one thread the default",
+        "at a time, on 2026-12-05 at 3177316 (the learner's call without its second read of "
+        "the weights, checkpoints every 10,000 updates)",
+    ),
+    _time_to_score_row(
+        "launch_time_to_score_one_thread.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5`: the row above three hours earlier on the "
+        "same machine, on the code of the commit that made one op thread the default "
+        "(ea6d588: a checkpoint every 1,000 updates, the weights read by a second call)",
     ),
     _time_to_score_row(
         "launch_time_to_score_default_threads.json",

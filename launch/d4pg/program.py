@@ -133,10 +133,11 @@ class D4PGProgramSettings:
       envs_per_actor: Environments each actor process steps (one batched policy call).
       learner_replicas: `replication` spec of the learner, e.g. "cpu:2" or "gpu".
       replay_port: Port of the replay server (0: any free port).
-      learner_checkpoint_every_steps: Learner checkpoint period in updates... A
-        checkpoint of the quick preset's learner took 50-130 ms, so the former 1,000
-        (~1.3 s of a learner running 750 updates/s) cost it ~5% of its updates; 10,000
-        at that speed is every ~13 s, and the seconds bound applies to slower learners.
+      learner_checkpoint_every_steps: Learner checkpoint period in updates... The
+        former 1,000 meant a save every ~1.3 s of a quick-preset learner running 750
+        updates/s: ~5% of its main thread where two launches share the cores (a save took
+        126 ms there), not measurable on a quiet machine (docs/throughput.md). 10,000 is
+        every ~13 s at that speed; the seconds bound applies to slower learners.
       learner_checkpoint_every_s: ...or in seconds, whichever comes first.
       learner_snapshot_every_s: A learner checkpoint at least this many seconds after
         the last policy snapshot also writes one (and the last checkpoint always does).
