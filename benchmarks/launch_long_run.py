@@ -105,6 +105,9 @@ def window(actor, learner, loads, start: float, end: float) -> dict | None:
 
 
 def analyse(run_dir: str, warmup: int, size: int, loads: list) -> dict:
+    """The two windows of `size` actor steps (from `warmup`, and the run's last), their
+    ratios and the replay checkpoints; times are seconds from the first actor count (the
+    end of the first episode), as in the stored series."""
     records = read_records(run_dir)
     actor = cumulative(
         [
