@@ -626,13 +626,7 @@ class D4PGLearner(core.Learner):
     def get_variables(self, names: Sequence[str]) -> list[list[np.ndarray]]:
         """Groups: "policy" and "target_policy" (online / target torso and policy, in
         actor order), "critic", "target" (every target variable), "all" (online)."""
-        groups = {
-            "policy": self._online.acting_variables,
-            "target_policy": self._target.acting_variables,
-            "critic": self._online.critic_variables,
-            "target": self._target.all_variables,
-            "all": self._online.all_variables,
-        }
+        groups = self._variable_groups()
         unknown = [n for n in names if n not in groups]
         if unknown:
             raise ValueError(f"Unknown variable group(s) {unknown}; valid: {sorted(groups)}")
@@ -648,13 +642,25 @@ class D4PGLearner(core.Learner):
     def acting_weights(self) -> list[np.ndarray]:
         """The policy actors, the evaluator and snapshots use, in actor order: the target
         torso and policy with `config.act_with_target_policy` (Acme), else the online ones."""
-        group = "target_policy" if self._config.act_with_target_policy else "policy"
-        return self.get_variables([group])[0]
+        return self.get_variables([self._acting_group()])[0]
+
+    def _variable_groups(self) -> dict[str, Callable[[], list[tf.Variable]]]:
+        """The groups `get_variables` reads, by name."""
+        return {
+            "policy": self._online.acting_variables,
+            "target_policy": self._target.acting_variables,
+            "critic": self._online.critic_variables,
+            "target": self._target.all_variables,
+            "all": self._online.all_variables,
+        }
+
+    def _acting_group(self) -> str:
+        """The group actors act with (see `acting_weights`)."""
+        return "target_policy" if self._config.act_with_target_policy else "policy"
 
     def _acting_variables(self) -> list[tf.Variable]:
         """The variables of `acting_weights` (read in the compiled call: `_train_step`)."""
-        acting = self._target if self._config.act_with_target_policy else self._online
-        return acting.acting_variables()
+        return self._variable_groups()[self._acting_group()]()
 
     def publish_variables(self, wait: bool = True, step: int | None = None) -> None:
         """Writes `acting_weights()` to the "params" table, tagged with `num_steps`.
