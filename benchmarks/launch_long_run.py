@@ -207,14 +207,22 @@ def summarise(runs: dict) -> dict:
 
 
 def stored_runs(path: str, setting: dict) -> dict:
-    """The runs stored at `path` if they were measured with `setting` (else none): a
-    launch of other windows, steps or flags does not join them."""
+    """The runs stored at `path`, which new seeds join (none if there is no file).
+
+    Raises:
+      ValueError: they were measured with another setting (windows, steps, task or
+        flags): they do not mix, and writing would lose them.
+    """
     if not os.path.exists(path):
         return {}
     with open(path, encoding="utf-8") as f:
         stored = json.load(f)
-    if {key: stored.get(key) for key in setting} != setting:
-        return {}
+    differs = {key for key in setting if stored.get(key) != setting[key]}
+    if differs:
+        raise ValueError(
+            f"{path} holds runs of another setting ({', '.join(sorted(differs))}): "
+            "give another --results file"
+        )
     return dict(stored.get("runs", {}))
 
 
@@ -230,8 +238,8 @@ def main() -> None:
     parser.add_argument(
         "--results",
         default=os.path.join(RESULTS, "launch_long_run.json"),
-        help="results JSON; runs of other seeds stored there (same task, steps, windows "
-        "and flags) are kept",
+        help="results JSON; runs of other seeds stored there are kept (a file of another "
+        "task, steps, windows or flags is refused)",
     )
     args = parser.parse_args()
     if args.steps < args.warmup + 2 * args.window:
@@ -243,7 +251,10 @@ def main() -> None:
         "warmup_actor_steps": args.warmup,
         "launch_flags": list(args.launch_flag),
     }
-    runs = stored_runs(args.results, setting)
+    try:
+        runs = stored_runs(args.results, setting)
+    except ValueError as e:
+        parser.error(str(e))
     for seed in [int(s) for s in args.seeds.split(",")]:
         run = runs[str(seed)] = measure(args, seed)
         first, last = run["first_window"], run["last_window"]

@@ -75,10 +75,11 @@ def test_the_windows_hold_the_pace_of_their_own_actor_steps(tmp_path):
     assert figures["replay_checkpoints"] == [{"t": 19.5, "transitions": 4096, "seconds": 0.5}]
 
 
-def test_stored_runs_are_kept_only_for_the_same_setting(tmp_path):
+def test_stored_runs_are_kept_and_another_setting_is_refused(tmp_path):
     setting = {"task": "cheetah:run", "steps": 500000, "launch_flags": []}
     path = tmp_path / "result.json"
     path.write_text(json.dumps({**setting, "runs": {"0": {"wall_s": 1.0}}}), encoding="utf-8")
     assert long_run.stored_runs(str(path), setting) == {"0": {"wall_s": 1.0}}
-    assert long_run.stored_runs(str(path), {**setting, "steps": 200000}) == {}
+    with pytest.raises(ValueError, match="another setting .steps.*another --results"):
+        long_run.stored_runs(str(path), {**setting, "steps": 200000})
     assert long_run.stored_runs(str(tmp_path / "none.json"), setting) == {}
