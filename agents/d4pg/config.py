@@ -23,7 +23,7 @@ DEFAULT_TRANSITIONS_PER_ITEM = 16
 NETWORK_INITS = ("lecun_uniform", "acme")
 
 # Values of `D4PGConfig.row_mixing`: how the learner mixes the rows of sampled items.
-ROW_MIXINGS = ("buffer", "block")
+ROW_MIXINGS = ("buffer", "block", "pool")
 
 # What a config saved before a key existed meant: the behaviour the runs that wrote it
 # had, which need not be today's default (defaults may change when measured). Used by
@@ -220,7 +220,12 @@ class D4PGConfig:
     # used once, as with the buffer, and a batch of B holds rows of as many items,
     # R/G (1 - (1 - G/R)^B) of a block of R rows (~57 at 4096, 16, 64). Measured: 1.05x the
     # README command's learner updates/s, no gain in learning on the suite (cheetah:run
-    # lower on 3 seeds), so not the default (docs/throughput.md).
+    # lower on 3 seeds), so not the default (docs/throughput.md). "pool": the buffer's
+    # rule inside the learner's compiled update (`row_pool.RowPool`): batches of whole
+    # items are swapped row by row into a pool of `shuffle_buffer_transitions` rows
+    # (rounded up to whole input elements) at random slots, and the rows they displace
+    # are trained on; the same mixing as "buffer" without per-row dataset ops. One
+    # replica only: with several, the rows are mixed as with "buffer".
     row_mixing: str = "buffer"
     # Acting.
     sigma: float = 0.3

@@ -18,7 +18,7 @@ from tensorflow.python.eager import cancellation
 
 import replication
 from agents import core
-from agents.d4pg import augmentation, diagnostics, losses, networks, variables
+from agents.d4pg import augmentation, diagnostics, losses, networks, row_pool, variables
 from agents.d4pg.config import D4PGConfig
 from agents.d4pg.replay import PARAMS_TABLE, REPLAY_TABLE, GroupedRowLayout
 
@@ -134,7 +134,11 @@ def reverb_input_fn(
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             max_samples_per_stream=SAMPLES_PER_STREAM,
         )
-        if config.shuffle_buffer_transitions > 1 and config.row_mixing == "block":
+        if row_pool_transitions(config, context.num_replicas_in_sync):
+            # Batches of whole items: the learner's update mixes their rows (`RowPool`).
+            dataset = dataset.batch(items_per_batch, drop_remainder=True)
+            dataset = dataset.map(lambda sample: sample.data)
+        elif config.shuffle_buffer_transitions > 1 and config.row_mixing == "block":
             # One element per block of items: their rows permuted together, cut into
             # batches. The same mixing as the buffer without its per-row dataset ops.
             rows = -(-config.shuffle_buffer_transitions // per_replica) * per_replica
@@ -162,7 +166,35 @@ def reverb_input_fn(
 
         return dataset.map(split).prefetch(config.prefetch_size)
 
-    return input_fn
+    return ReverbInput(input_fn, config)
+
+
+def row_pool_transitions(config: D4PGConfig, num_replicas: int) -> int:
+    """Rows the learner's update mixes its batches through (`RowPool`), 0 for none.
+
+    `row_mixing="pool"` with items of G > 1 transitions and one replica in all; with
+    several replicas the rows are mixed as with "buffer" (a pool is one replica's state).
+    """
+    mixing = config.resolved_transitions_per_item() > 1 and config.shuffle_buffer_transitions > 1
+    if mixing and config.row_mixing == "pool" and num_replicas == 1:
+        return config.shuffle_buffer_transitions
+    return 0
+
+
+class ReverbInput:
+    """`reverb_input_fn`'s input function: an `InputFn`, which also tells the learner
+    whether it must mix the rows of its batches itself (`row_pool_transitions`)."""
+
+    def __init__(self, input_fn: InputFn, config: D4PGConfig):
+        self._input_fn = input_fn
+        self._config = config
+
+    def __call__(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return self._input_fn(context)
+
+    def row_pool_transitions(self, num_replicas: int) -> int:
+        """Rows of the learner's pool for a learner of `num_replicas` (0: no pool)."""
+        return row_pool_transitions(self._config, num_replicas)
 
 
 def _stacked(input_fn: InputFn, num_batches: int) -> InputFn:
@@ -292,6 +324,34 @@ class D4PGLearner(core.Learner):
         )
         self._input_fn = _stacked(input_fn, config.updates_per_call) if self._fused else input_fn
         self._iterator = iter(replicator.distribute(self._input_fn))
+        # `row_mixing="pool"`: the input's batches are whole items and the update mixes
+        # their rows through a pool of rows (`row_pool`), filled by the first `step`.
+        self._row_pool: row_pool.RowPool | None = None
+        self._row_pool_filled = False
+        pool_rows = 0
+        if isinstance(input_fn, ReverbInput):
+            pool_rows = input_fn.row_pool_transitions(replicator.num_replicas)
+        if pool_rows:
+            leading = 2 if self._fused else 1  # [K, B, ...] or [B, ...] per element.
+            element = self._iterator.element_spec
+            sizes = tf.nest.flatten(element)[0].shape[:leading]
+            if None in sizes:
+                raise ValueError(
+                    "row_mixing='pool' needs input batches of a static size "
+                    "(batch with drop_remainder=True)."
+                )
+            rows_per_element = int(np.prod(sizes))
+            # Filled by whole elements of the input: R rounded up to a multiple of them.
+            self._row_pool_elements = -(-pool_rows // rows_per_element)
+            # Plain variables, outside the replicator's scope: the one replica's own state
+            # (Sonnet's replica-local variables have no scatter_update).
+            self._row_pool = row_pool.RowPool(
+                tf.nest.map_structure(
+                    lambda spec: tf.TensorSpec(spec.shape[leading:], spec.dtype), element
+                ),
+                num_rows=self._row_pool_elements * rows_per_element,
+            )
+            self._fill_row_pool_part = tf.function(self._fill_row_pool_rows, autograph=False)
         # One cancellation manager per call: TF cancels a call's manager itself when an
         # op of the call fails (e.g. the sampling timeout's end of input).
         self._step_cancellation: cancellation.CancellationManager | None = None
@@ -434,6 +494,8 @@ class D4PGLearner(core.Learner):
             for source, dest in zip(online.all_variables(), target.all_variables()):
                 dest.assign(source)
 
+        if self._row_pool is not None:
+            batch = self._mix_rows(batch)
         if self._random_shift:
             batch = self._augment(batch)
         # With a decay, the rates this update uses (reported with its metrics).
@@ -465,6 +527,31 @@ class D4PGLearner(core.Learner):
             "n_step_return_max": returns[0],
             "n_step_return_min": -returns[1],
         }
+
+    def _mix_rows(self, batch: Transition) -> Transition:
+        """This update's batch: the rows its own rows displace from the pool, at slots
+        drawn from the seed and the update counter (replica context, one replica)."""
+        pool = self._row_pool
+        seed = tf.stack([tf.constant(self._config.seed, tf.int64), self._num_steps])
+        slots = tf.random.stateless_uniform(
+            [batch.reward.shape[0]], seed, minval=0, maxval=pool.num_rows, dtype=tf.int32
+        )
+        return pool.swap(batch, slots)
+
+    def _fill_row_pool_rows(self, element: Transition, offset: tf.Tensor) -> None:
+        """Writes one input element's rows to the pool from `offset` (replica context)."""
+        leading = 2 if self._fused else 1
+        rows = tf.nest.map_structure(lambda x: tf.reshape(x, [-1, *x.shape[leading:]]), element)
+        self._row_pool.fill(rows, offset)
+
+    def _fill_row_pool(self) -> None:
+        """Fills the pool from the input before the first update, as tf.data's shuffle
+        buffer fills before its first element: those rows are sampled, not yet trained."""
+        rows_per_element = self._row_pool.num_rows // self._row_pool_elements
+        for part in range(self._row_pool_elements):
+            offset = tf.constant(part * rows_per_element, tf.int32)
+            self._repl.run(self._fill_row_pool_part, next(self._iterator), offset)
+        self._row_pool_filled = True
 
     def _decay_learning_rates(self) -> dict[str, tf.Tensor]:
         """Sets both Adam rates for the update `num_steps` (replica context): the
@@ -563,6 +650,8 @@ class D4PGLearner(core.Learner):
             raise StepCancelledError(_CANCELLED)
         try:
             with cancellation.CancellationManagerContext(manager):
+                if self._row_pool is not None and not self._row_pool_filled:
+                    self._fill_row_pool()
                 metrics, counter, weights = self._train(self._iterator)
         except tf.errors.CancelledError:
             if not self._steps_cancelled:

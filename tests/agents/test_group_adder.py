@@ -14,7 +14,7 @@ import replication
 from agents.d4pg import builder
 from agents.d4pg.config import D4PGConfig
 from agents.d4pg.group_adder import NStepGroupAdder, TransitionGroupWriter
-from agents.d4pg.learning import reverb_input_fn
+from agents.d4pg.learning import D4PGLearner, reverb_input_fn
 from agents.d4pg.replay import (
     REPLAY_TABLE,
     GroupedRowLayout,
@@ -141,8 +141,8 @@ def test_an_item_draws_its_transitions_from_the_whole_pool():
         server.stop()
 
 
-MIXINGS = [(0, "buffer"), (64, "buffer"), (64, "block")]
-MIXING_IDS = ["whole_items", "shuffle_buffer", "permuted_blocks"]
+MIXINGS = [(0, "buffer"), (64, "buffer"), (64, "block"), (64, "pool")]
+MIXING_IDS = ["whole_items", "shuffle_buffer", "permuted_blocks", "learner_pool"]
 
 
 @pytest.mark.parametrize("shuffle, mixing", MIXINGS, ids=MIXING_IDS)
@@ -185,10 +185,14 @@ def test_learner_batches_are_exact_n_step_transitions_across_replicas(shuffle, m
 
 
 @pytest.mark.parametrize(
-    "shuffle, mixing", [(0, "buffer"), (256, "buffer"), (256, "block")], ids=MIXING_IDS
+    "shuffle, mixing",
+    [(0, "buffer"), (256, "buffer"), (256, "block"), (256, "pool")],
+    ids=MIXING_IDS,
 )
 def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle, mixing):
-    """Items of 4 consecutive steps (pool = G): whole-item batches keep them together."""
+    """Items of 4 consecutive steps (pool = G): whole-item batches keep them together.
+    With the learner's pool the input is whole items, on one replica (the update mixes
+    them: `test_row_pool.py`, and the learner test below)."""
     config = _config(
         n_step=1,
         transitions_per_item=4,
@@ -206,7 +210,82 @@ def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle, mixing):
         )
         steps = batch.observation[:, 0].numpy().reshape(16, 4)  # Aligned quads of rows.
         together = np.mean(steps.max(axis=1) - steps.min(axis=1) == 3)
-        assert together == (1.0 if shuffle == 0 else pytest.approx(0.0, abs=0.2))
+        whole = shuffle == 0 or mixing == "pool"
+        assert together == (1.0 if whole else pytest.approx(0.0, abs=0.2))
+    finally:
+        server.stop()
+
+
+def test_with_several_replicas_a_pool_is_mixed_in_the_input_as_the_buffer():
+    """A pool is one replica's state: a replica of two gets rows the input mixed."""
+    config = _config(
+        n_step=1,
+        transitions_per_item=4,
+        item_pool_size=4,
+        batch_size=64,
+        shuffle_buffer_transitions=256,
+        row_mixing="pool",
+    )
+    server = make_replay_server(config, SPEC)
+    try:
+        address = f"localhost:{server.port}"
+        _write_episodes(_writer(reverb.Client(address), config), 1, [(400, 1.0)])
+        context = tf.distribute.InputContext(num_replicas_in_sync=2)
+        batch = next(iter(reverb_input_fn(address, config, env_spec=SPEC)(context)))
+        steps = batch.observation[:, 0].numpy().reshape(8, 4)  # 32 rows per replica.
+        assert np.mean(steps.max(axis=1) - steps.min(axis=1) == 3) == pytest.approx(0.0, abs=0.2)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["one_xla_computation", "graph_loop"])
+def test_a_learner_pool_holds_sampled_transitions_and_each_update_swaps_rows(fuse):
+    """`row_mixing="pool"` on one replica: the first step fills the learner's pool with
+    transitions sampled from the replay, and every update puts its batch's rows in."""
+    n, episodes = 3, [(30, 0.0), (25, 1.0), (40, 0.0)]
+    config = _config(
+        n_step=n,
+        transitions_per_item=4,
+        item_pool_size=8,
+        batch_size=16,
+        shuffle_buffer_transitions=64,
+        row_mixing="pool",
+        updates_per_call=2,
+        fuse_updates_per_call=fuse,
+        policy_layers="8",
+        critic_layers="8",
+    )
+    server = make_replay_server(config, SPEC)
+    try:
+        address = f"localhost:{server.port}"
+        _write_episodes(_writer(reverb.Client(address), config), n, episodes)
+        keys = {
+            _key(item)
+            for episode, (length, final) in enumerate(episodes)
+            for item in _expected_items(length, episode, final, n)
+        }
+        learner = D4PGLearner(
+            config, SPEC, replication.make("cpu"), reverb_input_fn(address, config, env_spec=SPEC)
+        )
+
+        def pool_rows():
+            rows = learner._row_pool._rows  # pylint: disable=protected-access
+            count = learner._row_pool.num_rows  # pylint: disable=protected-access
+            return [
+                (*o, *o2)
+                for o, o2 in zip(
+                    rows.observation[:count].numpy().tolist(),
+                    rows.next_observation[:count].numpy().tolist(),
+                )
+            ]
+
+        learner.step()
+        after_one = pool_rows()
+        assert len(after_one) == 64 and set(after_one) <= keys
+        learner.step()
+        after_two = pool_rows()
+        assert set(after_two) <= keys
+        assert sum(a != b for a, b in zip(after_one, after_two)) >= 16  # Two batches of 16.
     finally:
         server.stop()
 
