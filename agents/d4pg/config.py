@@ -220,13 +220,14 @@ class D4PGConfig:
     # used once, as with the buffer, and a batch of B holds rows of as many items,
     # R/G (1 - (1 - G/R)^B) of a block of R rows (~57 at 4096, 16, 64). Measured: 1.05x the
     # README command's learner updates/s, no gain in learning on the suite (cheetah:run
-    # lower on 3 seeds), so not the default (docs/throughput.md). "pool": the buffer's
-    # rule inside the learner's compiled update (`row_pool.RowPool`): batches of whole
-    # items are swapped row by row into a pool of `shuffle_buffer_transitions` rows
-    # (rounded up to whole input elements) at random slots, and the rows they displace
-    # are trained on; the same mixing as "buffer" without per-row dataset ops. One
-    # replica only: with several, the rows are mixed as with "buffer".
-    row_mixing: str = "buffer"
+    # lower on 3 seeds), so not the default (docs/throughput.md). "pool" (the default
+    # since 2026-12-05): the buffer's rule inside the learner's compiled update
+    # (`row_pool.RowPool`): batches of whole items are swapped row by row into a pool of
+    # `shuffle_buffer_transitions` rows (rounded up to whole input elements) at random
+    # slots, and the rows they displace are trained on; the buffer's mixing without its
+    # per-row dataset ops (README command: ~1.05x learner updates/s). One replica only:
+    # with several, the rows are mixed as with "buffer".
+    row_mixing: str = "pool"
     # Acting.
     sigma: float = 0.3
     variable_update_period: int = 1000  # Actor pulls weights every K environment steps.

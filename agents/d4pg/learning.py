@@ -550,7 +550,11 @@ class D4PGLearner(core.Learner):
         rows_per_element = self._row_pool.num_rows // self._row_pool_elements
         for part in range(self._row_pool_elements):
             offset = tf.constant(part * rows_per_element, tf.int32)
-            self._repl.run(self._fill_row_pool_part, next(self._iterator), offset)
+            try:
+                element = next(self._iterator)
+            except StopIteration:  # What an eager `next` makes of the input's end.
+                raise tf.errors.OutOfRangeError(None, None, "input ended") from None
+            self._repl.run(self._fill_row_pool_part, element, offset)
         self._row_pool_filled = True
 
     def _decay_learning_rates(self) -> dict[str, tf.Tensor]:

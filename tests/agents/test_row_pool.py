@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import replication
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.learning import D4PGLearner, ReverbInput, Transition
+from agents.d4pg.learning import D4PGLearner, ReplayTimeoutError, ReverbInput, Transition
 from agents.d4pg.row_pool import RowPool
 from tests.agents.test_fused_updates import BASE, SPEC, _state
 
@@ -137,3 +137,16 @@ def test_a_pool_learner_does_the_same_updates_in_calls_of_four_as_of_one(fuse):
         for a, b in zip(_state(learners["one"]), _state(learners["no_pool"]))
     )
     assert difference > 1e-4
+
+
+def test_an_input_that_ends_while_the_pool_fills_is_a_replay_timeout():
+    """A sampling timeout ends the input (`rate_limiter_timeout_ms`): during the fill too,
+    `step` raises `ReplayTimeoutError`, which the learner's callers wait on and retry."""
+    config = D4PGConfig.from_overrides(
+        {**BASE, "transitions_per_item": 4, "row_mixing": "pool", "shuffle_buffer_transitions": 96}
+    )
+    short = ReverbInput(lambda ctx: _stream(ctx).take(5), config)  # 40 rows of 96.
+    learner = D4PGLearner(config, SPEC, replication.make("cpu"), short)
+    with pytest.raises(ReplayTimeoutError):
+        learner.step()
+    assert learner.num_steps == 0
