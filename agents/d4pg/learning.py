@@ -351,7 +351,7 @@ class D4PGLearner(core.Learner):
                 ),
                 num_rows=self._row_pool_elements * rows_per_element,
             )
-            self._fill_row_pool_part = tf.function(self._fill_row_pool_rows, autograph=False)
+            self._fill_row_pool_part = tf.function(self._fill_row_pool_from, autograph=False)
         # One cancellation manager per call: TF cancels a call's manager itself when an
         # op of the call fails (e.g. the sampling timeout's end of input).
         self._step_cancellation: cancellation.CancellationManager | None = None
@@ -544,17 +544,19 @@ class D4PGLearner(core.Learner):
         rows = tf.nest.map_structure(lambda x: tf.reshape(x, [-1, *x.shape[leading:]]), element)
         self._row_pool.fill(rows, offset)
 
+    def _fill_row_pool_from(self, iterator, offset: tf.Tensor) -> None:
+        """Takes one input element into the pool from `offset`. Compiled, like the update,
+        so that `cancel_steps` reaches a fill waiting on the replay and the input's end is
+        the same `OutOfRangeError`."""
+        self._repl.run(self._fill_row_pool_rows, next(iterator), offset)
+
     def _fill_row_pool(self) -> None:
         """Fills the pool from the input before the first update, as tf.data's shuffle
         buffer fills before its first element: those rows are sampled, not yet trained."""
         rows_per_element = self._row_pool.num_rows // self._row_pool_elements
         for part in range(self._row_pool_elements):
             offset = tf.constant(part * rows_per_element, tf.int32)
-            try:
-                element = next(self._iterator)
-            except StopIteration:  # What an eager `next` makes of the input's end.
-                raise tf.errors.OutOfRangeError(None, None, "input ended") from None
-            self._repl.run(self._fill_row_pool_part, element, offset)
+            self._fill_row_pool_part(self._iterator, offset)
         self._row_pool_filled = True
 
     def _decay_learning_rates(self) -> dict[str, tf.Tensor]:

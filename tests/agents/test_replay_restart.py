@@ -181,3 +181,48 @@ def test_a_step_blocked_on_a_stopped_replay_is_cancelled_and_the_learner_still_s
     assert learner.save().endswith(f"ckpt-{steps}")
     with pytest.raises(StepCancelledError):  # Later steps too: the learner is stopping.
         learner.step()
+
+
+def test_a_first_step_filling_the_row_pool_from_a_stopped_replay_is_cancelled(tmp_path):
+    """With `row_mixing="pool"` the first step fills the learner's pool from the input
+    before its update; a fill that waits on a replay gone away is cancelled like one."""
+    config = D4PGConfig.from_overrides(
+        {
+            **CONFIG.to_dict(),
+            "batch_size": 8,
+            "min_replay_size": 1,
+            "samples_per_insert": 0,
+            "updates_per_call": 2,
+            "transitions_per_item": 4,
+            "row_mixing": "pool",
+            "shuffle_buffer_transitions": 64,
+        }
+    )
+    server = make_replay_server(config, SPEC)
+    learner = builder.make_learner(
+        config,
+        SPEC,
+        f"localhost:{server.port}",
+        replication.make("cpu"),
+        str(tmp_path / "ckpt"),
+        publish=False,
+    )
+    assert learner._row_pool is not None  # pylint: disable=protected-access
+    server.stop()
+    outcome: list[BaseException] = []
+
+    def first_step():
+        try:
+            learner.step()
+        except Exception as e:  # pylint: disable=broad-except
+            outcome.append(e)
+
+    thread = threading.Thread(target=first_step, daemon=True)
+    thread.start()
+    thread.join(5.0)
+    assert thread.is_alive(), outcome  # Waiting in the fill.
+    learner.cancel_steps()
+    thread.join(30.0)
+    assert not thread.is_alive(), "the fill still waits after cancel_steps()"
+    assert isinstance(outcome[0], StepCancelledError), outcome
+    assert learner.num_steps == 0
