@@ -5,9 +5,10 @@ cartpole:swingup, the default budget) once per seed and layout
 (`--config.transitions_per_item=G`; 1 is one transition per item), one launch at a time.
 The layouts alternate and their order flips from seed to seed, so that a drift of the
 machine's load falls on both. Per run: learner updates per second of wall time (learner
-steps at the end / the run's wall time), actor steps per second, wall time and actor
-steps to the first evaluation at or above --target; per layout, the medians over seeds
-(a seed that misses counts as never reaching) and the ratios to G=1.
+steps at the end / the run's wall time) and once started (without the start-up: see
+`launch_alternating`), actor steps per second, wall time and actor steps to the first
+evaluation at or above --target; per layout, the medians over seeds (a seed that misses
+counts as never reaching) and the ratios to G=1.
 
     python benchmarks/launch_replay_layout.py [--groups 1,16 --seeds 0,1,2]
 
@@ -49,8 +50,12 @@ def main() -> None:
         s["learner_updates_per_s_over_g1"] = (
             s["median_learner_updates_per_s"] / base["median_learner_updates_per_s"]
         )
+        s["running_learner_updates_per_s_over_g1"] = (
+            s["median_running_learner_updates_per_s"] / base["median_running_learner_updates_per_s"]
+        )
         print(
-            f"G={group}: learner updates/s x{s['learner_updates_per_s_over_g1']:.2f} of G=1; "
+            f"G={group}: learner updates/s x{s['learner_updates_per_s_over_g1']:.2f} of G=1 "
+            f"(once started: x{s['running_learner_updates_per_s_over_g1']:.2f}); "
             f"median time to {args.target:g}: {s['median_seconds_to_target']} s "
             f"(G=1: {base['median_seconds_to_target']} s); {s['seeds_reached']}/{len(seeds)} "
             "seeds reached"

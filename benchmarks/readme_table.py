@@ -632,11 +632,15 @@ ROWS: tuple[Row, ...] = (
     Row(
         "launch_replay_layout.json",
         "`launch_replay_layout`: the README's main command with 16 transitions per item / 1 "
-        "per item, learner updates/s; and wall time to eval return 800, median of 3 seeds "
-        "each, in the same run",
+        "per item, learner updates/s (per second of the whole launch; in brackets once "
+        "started, from the first evaluation after 15 s, as the progress line's rate); and "
+        "wall time to eval return 800, median of 3 seeds each, in the same run",
         "{summary/16/learner_updates_per_s_over_g1|.2f} "
         "({summary/16/median_learner_updates_per_s|.0f} vs "
-        "{summary/1/median_learner_updates_per_s|.0f} updates/s); to 800: "
+        "{summary/1/median_learner_updates_per_s|.0f} updates/s; once started: "
+        "{summary/16/running_learner_updates_per_s_over_g1|.2f}, "
+        "{summary/16/median_running_learner_updates_per_s|.0f} vs "
+        "{summary/1/median_running_learner_updates_per_s|.0f}); to 800: "
         "{summary/16/median_seconds_to_target|.0f} s vs {summary/1/median_seconds_to_target|.0f}"
         " s, {steps16|.0f}k vs {steps1|.0f}k actor steps ({summary/16/seeds_reached} and "
         "{summary/1/seeds_reached} of {seeds} seeds reached){noise}",
@@ -742,6 +746,18 @@ ROWS: tuple[Row, ...] = (
         "at a time, the preset otherwise (and one op thread in the learner), two runs at a time: "
         "mean eval return vs the suite table's runs (a shuffle buffer of 4096 rows) on the same "
         "seeds, and the runs that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
+        "agents_learning_suite_row_mixing_pool.json",
+        "`agents_learning_suite --tasks ball_in_cup:catch,cartpole:swingup,cheetah:run` beside "
+        "`--tasks finger:spin,reacher:easy,walker:walk`, `--seeds 0,1,2 "
+        "--launch-flag=--config.row_mixing=pool`, at fed99fc: sampled rows mixed through a "
+        "pool of 4096 inside the learner's compiled update (the buffer's rule; the default "
+        "since 2026-12-05), the preset otherwise, two runs at a time: mean eval return vs the "
+        "suite table's runs (tf.data's shuffle buffer of 4096 rows) on the same seeds, and "
+        "the runs that collapsed, 10 episodes per evaluation",
         "{tasks}",
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),

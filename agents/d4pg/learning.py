@@ -225,6 +225,9 @@ class D4PGLearner(core.Learner):
     The update of one replica, on its own batch:
       1. every `target_update_period` updates, copy online -> target weights (before
          the update: updates 0, P, 2P, ... start from fresh targets);
+      1b. with a `reverb_input_fn` input of grouped items and `row_mixing="pool"` (one
+         replica): the batch's rows go into the learner's pool of sampled rows and the
+         rows they displace are the batch (`row_pool`; the first `step` fills the pool);
       2. pixels with `random_shift`: shift o_t and o_{t+m} (`augmentation`);
       3. critic: distributional TD loss against the projected n-step target
          (`losses.distributional_td_loss`); trains the critic and the torso;
