@@ -270,6 +270,30 @@ def _setting_ab_row(name: str, what: str) -> Row:
     )
 
 
+def _long_run_row(name: str, what: str, target: Target | None = None) -> Row:
+    """A `launch_long_run` result: its last 100k actor steps' pace over its first 100k's."""
+    return Row(
+        name,
+        what,
+        "{median_last_over_first/actor_steps_per_s|.2f} (per seed: {per_seed}; learner "
+        "updates/s {median_last_over_first/learner_updates_per_s|.2f}; "
+        "{median_first_window/actor_steps_per_s|.0f} -> "
+        "{median_last_window/actor_steps_per_s|.0f} actor steps/s; replay checkpoints of "
+        "~500k transitions took {last_checkpoints} s){noise}",
+        target,
+        derived={
+            "per_seed": lambda d: ", ".join(
+                f"{seed}: {d['runs'][str(seed)]['last_over_first']['actor_steps_per_s']:.2f}"
+                for seed in d["seeds"]
+            ),
+            "last_checkpoints": lambda d: ", ".join(
+                f"{r['replay_checkpoints'][-1]['seconds']:.1f}" for r in d["runs"].values()
+            ),
+            "noise": lambda d: "; noisy" if d["noisy"] else "",
+        },
+    )
+
+
 def _time_to_score_row(name: str, what: str) -> Row:
     """A `launch_time_to_score` result: median wall time and actor steps to 800, per seed."""
     return Row(
@@ -652,27 +676,19 @@ ROWS: tuple[Row, ...] = (
             "noise": lambda d: "; noisy" if d["noisy"] else "",
         },
     ),
-    Row(
+    _long_run_row(
         "launch_long_run.json",
         "`launch_long_run --task cheetah:run --steps 500000`: the README's main command on a "
         "500k-step run, actor steps/s over its last 100k actor steps / over its first 100k "
-        "after start-up (10k-110k), one launch at a time, median over the seeds",
-        "{median_last_over_first/actor_steps_per_s|.2f} (per seed: {per_seed}; learner "
-        "updates/s {median_last_over_first/learner_updates_per_s|.2f}; "
-        "{median_first_window/actor_steps_per_s|.0f} -> "
-        "{median_last_window/actor_steps_per_s|.0f} actor steps/s; replay checkpoints of "
-        "~500k transitions took {last_checkpoints} s){noise}",
+        "after start-up (10k-110k), one launch at a time, median over the seeds; sampled rows "
+        "mixed in the learner's pool (at 5986994)",
         Target(">=", 0.9, "median_last_over_first/actor_steps_per_s"),
-        derived={
-            "per_seed": lambda d: ", ".join(
-                f"{seed}: {d['runs'][seed]['last_over_first']['actor_steps_per_s']:.2f}"
-                for seed in d["seeds"]
-            ),
-            "last_checkpoints": lambda d: ", ".join(
-                f"{r['replay_checkpoints'][-1]['seconds']:.1f}" for r in d["runs"].values()
-            ),
-            "noise": lambda d: "; noisy" if d["noisy"] else "",
-        },
+    ),
+    _long_run_row(
+        "launch_long_run_buffer.json",
+        "`launch_long_run --task cheetah:run --steps 500000`: the row above earlier on "
+        "2026-12-05 (stored in e8d9b8b), with tf.data's shuffle buffer mixing the sampled "
+        "rows (the default until then)",
     ),
     _setting_ab_row(
         "spi_tolerance_1",
@@ -731,6 +747,13 @@ ROWS: tuple[Row, ...] = (
         "command with a learner checkpoint every 1,000 updates (the default until "
         "2026-12-05, ~every 1.3 s at this learner's rate) / every 10,000 (the default since), "
         "at 3177316",
+    ),
+    _setting_ab_row(
+        "row_mixing_buffer",
+        "`launch_setting_ab --name row_mixing_buffer --flag=--config.row_mixing=buffer --seeds "
+        "0,1,2`, at 5986994: the README's main command with sampled rows mixed by tf.data's "
+        "shuffle buffer of 4096 rows (the default until 2026-12-05) / the defaults (the same "
+        "mixing in a pool inside the learner's update)",
     ),
     _setting_ab_row(
         "row_mixing_block",
@@ -928,9 +951,15 @@ ROWS: tuple[Row, ...] = (
         "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command (`replicator "
         "launch d4pg`, defaults: local backend, 2 actors, cartpole:swingup; the quick preset's "
         "Adam rates held for the first 25k of the run's 50k updates, then decaying; one op "
-        "thread in the learner), wall time to eval return 800, median of 6 seeds, one launch "
-        "at a time, on 2026-12-05 at 3177316 (the learner's call without its second read of "
-        "the weights, checkpoints every 10,000 updates)",
+        "thread in the learner; sampled rows mixed in the learner's pool), wall time to eval "
+        "return 800, median of 6 seeds, one launch at a time, on 2026-12-05 at 5986994",
+    ),
+    _time_to_score_row(
+        "launch_time_to_score_buffer.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5`: the row above three hours earlier, at "
+        "3177316, with tf.data's shuffle buffer mixing the sampled rows (the default until "
+        "2026-12-05; the learner's call without its second read of the weights, checkpoints "
+        "every 10,000 updates)",
     ),
     _time_to_score_row(
         "launch_time_to_score_one_thread.json",

@@ -225,7 +225,8 @@ class D4PGConfig:
     # (`row_pool.RowPool`): batches of whole items are swapped row by row into a pool of
     # `shuffle_buffer_transitions` rows (rounded up to whole input elements) at random
     # slots, and the rows they displace are trained on; the buffer's mixing without its
-    # per-row dataset ops (README command: ~1.05x learner updates/s). One replica only:
+    # per-row dataset ops (README command: ~0.78x the learner's CPU per update, its rate
+    # unchanged within the launches' spread; docs/throughput.md). One replica only:
     # with several, the rows are mixed as with "buffer".
     row_mixing: str = "pool"
     # Acting.

@@ -70,7 +70,6 @@ class RowPool(snt.Module):
         if num_rows < 1:
             raise ValueError(f"A row pool needs at least one row, got {num_rows}.")
         self.num_rows = num_rows
-        self._specs = row_specs
         # One row more than R: the scratch row that rows displaced within a batch write to.
         self._rows = tf.nest.map_structure(
             lambda spec: tf.Variable(

@@ -118,7 +118,8 @@ def updates_in_budget(config: D4PGConfig, actor_steps: int) -> int:
 # Default actor-step budget of `replicator launch d4pg`. With the quick preset, the
 # README command reaches eval return 800 at 46k-87k actor steps (see
 # benchmarks/results/launch_time_to_score*.json); 100k leaves a margin on most launches
-# (one of 21 measured on 2026-12-04/05 missed: docs/d4pg.md; a 150k budget, alternated
+# (one of 21 measured on 2026-12-04/05 missed: docs/d4pg.md; one of 6 later that day,
+# at 794: docs/throughput.md; a 150k budget, alternated
 # with it seed by seed, reached 800 no sooner) and ends in about 100 s on 2 cores.
 QUICK_STEPS = 100_000
 
