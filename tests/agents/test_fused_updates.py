@@ -42,17 +42,21 @@ BASE = {
 }
 
 
-def _input_fn(ctx):
-    # 16 distinct batches in a fixed order: every update of a call sees a different one.
-    rng = np.random.default_rng(0)
-    rows = 16 * BATCH
-    data = Transition(
+def random_transitions(rows: int, seed: int) -> Transition:
+    """`rows` distinct transitions of SPEC's shapes, rewards and discounts varied."""
+    rng = np.random.default_rng(seed)
+    return Transition(
         rng.normal(size=(rows, 5)).astype(np.float32),
         rng.uniform(-1, 1, (rows, 2)).astype(np.float32),
         rng.normal(5, 3, rows).astype(np.float32),
         rng.choice([0.0, 0.95], rows).astype(np.float32),
         rng.normal(size=(rows, 5)).astype(np.float32),
     )
+
+
+def _input_fn(ctx):
+    # 16 distinct batches in a fixed order: every update of a call sees a different one.
+    data = random_transitions(16 * BATCH, seed=0)
     return tf.data.Dataset.from_tensor_slices(data).batch(BATCH).repeat()
 
 

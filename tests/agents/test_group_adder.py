@@ -5,6 +5,8 @@ them over the actor's recent past, feed the learner exact n-step returns, and ke
 replay's sizes and rate limiter in transitions.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 import reverb
@@ -184,15 +186,10 @@ def test_learner_batches_are_exact_n_step_transitions_across_replicas(shuffle, m
         server.stop()
 
 
-@pytest.mark.parametrize(
-    "shuffle, mixing",
-    [(0, "buffer"), (256, "buffer"), (256, "block"), (256, "pool")],
-    ids=MIXING_IDS,
-)
-def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle, mixing):
-    """Items of 4 consecutive steps (pool = G): whole-item batches keep them together.
-    With the learner's pool the input is whole items, on one replica (the update mixes
-    them: `test_row_pool.py`, and the learner test below)."""
+@contextlib.contextmanager
+def _consecutive_quads(shuffle: int, mixing: str):
+    """A replay holding one 400-step episode as items of 4 consecutive steps (pool = G),
+    and the config the learner's input reads it with; yields (address, config)."""
     config = _config(
         n_step=1,
         transitions_per_item=4,
@@ -205,37 +202,37 @@ def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle, mixing):
     try:
         address = f"localhost:{server.port}"
         _write_episodes(_writer(reverb.Client(address), config), 1, [(400, 1.0)])
+        yield address, config
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "shuffle, mixing",
+    [(0, "buffer"), (256, "buffer"), (256, "block"), (256, "pool")],
+    ids=MIXING_IDS,
+)
+def test_the_learner_mixes_the_rows_of_many_items_in_a_batch(shuffle, mixing):
+    """Items of 4 consecutive steps (pool = G): whole-item batches keep them together.
+    With the learner's pool the input is whole items, on one replica (the update mixes
+    them: `test_row_pool.py`, and the learner test below)."""
+    with _consecutive_quads(shuffle, mixing) as (address, config):
         batch = next(
             iter(reverb_input_fn(address, config, env_spec=SPEC)(tf.distribute.InputContext()))
         )
-        steps = batch.observation[:, 0].numpy().reshape(16, 4)  # Aligned quads of rows.
-        together = np.mean(steps.max(axis=1) - steps.min(axis=1) == 3)
-        whole = shuffle == 0 or mixing == "pool"
-        assert together == (1.0 if whole else pytest.approx(0.0, abs=0.2))
-    finally:
-        server.stop()
+    steps = batch.observation[:, 0].numpy().reshape(16, 4)  # Aligned quads of rows.
+    together = np.mean(steps.max(axis=1) - steps.min(axis=1) == 3)
+    whole = shuffle == 0 or mixing == "pool"
+    assert together == (1.0 if whole else pytest.approx(0.0, abs=0.2))
 
 
 def test_with_several_replicas_a_pool_is_mixed_in_the_input_as_the_buffer():
     """A pool is one replica's state: a replica of two gets rows the input mixed."""
-    config = _config(
-        n_step=1,
-        transitions_per_item=4,
-        item_pool_size=4,
-        batch_size=64,
-        shuffle_buffer_transitions=256,
-        row_mixing="pool",
-    )
-    server = make_replay_server(config, SPEC)
-    try:
-        address = f"localhost:{server.port}"
-        _write_episodes(_writer(reverb.Client(address), config), 1, [(400, 1.0)])
+    with _consecutive_quads(256, "pool") as (address, config):
         context = tf.distribute.InputContext(num_replicas_in_sync=2)
         batch = next(iter(reverb_input_fn(address, config, env_spec=SPEC)(context)))
-        steps = batch.observation[:, 0].numpy().reshape(8, 4)  # 32 rows per replica.
-        assert np.mean(steps.max(axis=1) - steps.min(axis=1) == 3) == pytest.approx(0.0, abs=0.2)
-    finally:
-        server.stop()
+    steps = batch.observation[:, 0].numpy().reshape(8, 4)  # 32 rows per replica.
+    assert np.mean(steps.max(axis=1) - steps.min(axis=1) == 3) == pytest.approx(0.0, abs=0.2)
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["one_xla_computation", "graph_loop"])
@@ -293,18 +290,7 @@ def test_a_learner_pool_holds_sampled_transitions_and_each_update_swaps_rows(fus
 def test_a_permuted_block_holds_every_row_of_its_items_once():
     """Block mixing: the batches cut from one block are the rows of its items, each used
     once (items of 4 consecutive steps; a block of 256 rows is 64 items, 4 batches)."""
-    config = _config(
-        n_step=1,
-        transitions_per_item=4,
-        item_pool_size=4,
-        batch_size=64,
-        shuffle_buffer_transitions=256,
-        row_mixing="block",
-    )
-    server = make_replay_server(config, SPEC)
-    try:
-        address = f"localhost:{server.port}"
-        _write_episodes(_writer(reverb.Client(address), config), 1, [(400, 1.0)])
+    with _consecutive_quads(256, "block") as (address, config):
         dataset = reverb_input_fn(address, config, env_spec=SPEC)(tf.distribute.InputContext())
         for block in dataset.batch(4).take(3):
             steps = block.observation[:, :, 0].numpy().ravel()
@@ -312,8 +298,6 @@ def test_a_permuted_block_holds_every_row_of_its_items_once():
             # An item sampled k times brings its 4 rows k times; none is cut or repeated.
             assert (rows_per_item % 4 == 0).all()
             assert rows_per_item.sum() == 256 and len(items) > 40
-    finally:
-        server.stop()
 
 
 def test_replay_sizes_and_rate_limiter_count_transitions():

@@ -126,6 +126,21 @@ def test_publishing_to_a_replay_that_went_away_raises_instead_of_hanging():
         _finishes(lambda: publisher.publish(2, weights), seconds=30)
 
 
+def _in_thread(fn) -> tuple[threading.Thread, list[BaseException]]:
+    """Starts `fn` in a daemon thread; the list receives what it raises."""
+    outcome: list[BaseException] = []
+
+    def run():
+        try:
+            fn()
+        except Exception as e:  # pylint: disable=broad-except
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
 def test_a_step_blocked_on_a_stopped_replay_is_cancelled_and_the_learner_still_saves(tmp_path):
     # Reverb's sampler retries a server that does not answer for ever, so at a stop where
     # the replay went first the learner sat in `step()` until its deadline, unsaved.
@@ -159,17 +174,12 @@ def test_a_step_blocked_on_a_stopped_replay_is_cancelled_and_the_learner_still_s
     _write(reverb.Client(address), 1, [(20, 1.0)])
     learner.step()  # ...is no cancellation: the next step samples again.
     server.stop()
-    outcome: list[BaseException] = []
 
-    def step_until_it_raises():  # The batches prefetched before the stop come first.
-        try:
-            while True:
-                learner.step()
-        except Exception as e:  # pylint: disable=broad-except
-            outcome.append(e)
+    def step_for_ever():  # The batches prefetched before the stop come first.
+        while True:
+            learner.step()
 
-    thread = threading.Thread(target=step_until_it_raises, daemon=True)
-    thread.start()
+    thread, outcome = _in_thread(step_for_ever)
     thread.join(5.0)
     assert thread.is_alive(), outcome  # Blocked: no timeout fires without an answer.
     steps = learner.num_steps
@@ -209,16 +219,7 @@ def test_a_first_step_filling_the_row_pool_from_a_stopped_replay_is_cancelled(tm
     )
     assert learner._row_pool is not None  # pylint: disable=protected-access
     server.stop()
-    outcome: list[BaseException] = []
-
-    def first_step():
-        try:
-            learner.step()
-        except Exception as e:  # pylint: disable=broad-except
-            outcome.append(e)
-
-    thread = threading.Thread(target=first_step, daemon=True)
-    thread.start()
+    thread, outcome = _in_thread(learner.step)
     thread.join(5.0)
     assert thread.is_alive(), outcome  # Waiting in the fill.
     learner.cancel_steps()

@@ -12,9 +12,9 @@ import tensorflow as tf
 
 import replication
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.learning import D4PGLearner, ReplayTimeoutError, ReverbInput, Transition
+from agents.d4pg.learning import D4PGLearner, ReplayTimeoutError, ReverbInput
 from agents.d4pg.row_pool import RowPool
-from tests.agents.test_fused_updates import BASE, SPEC, _state
+from tests.agents.test_fused_updates import BASE, SPEC, _state, random_transitions
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -83,14 +83,7 @@ ROWS = 64 * 8  # The input stream: 64 distinct batches of 8 rows, then again.
 
 
 def _stream(ctx):
-    rng = np.random.default_rng(2)
-    data = Transition(
-        rng.normal(size=(ROWS, 5)).astype(np.float32),
-        rng.uniform(-1, 1, (ROWS, 2)).astype(np.float32),
-        rng.normal(5, 3, ROWS).astype(np.float32),
-        rng.choice([0.0, 0.95], ROWS).astype(np.float32),
-        rng.normal(size=(ROWS, 5)).astype(np.float32),
-    )
+    data = random_transitions(ROWS, seed=2)
     return tf.data.Dataset.from_tensor_slices(data).batch(8, drop_remainder=True).repeat()
 
 
