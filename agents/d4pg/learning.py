@@ -134,11 +134,11 @@ def reverb_input_fn(
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             max_samples_per_stream=SAMPLES_PER_STREAM,
         )
-        if row_pool_transitions(config, context.num_replicas_in_sync):
-            # Batches of whole items: the learner's update mixes their rows (`RowPool`).
-            dataset = dataset.batch(items_per_batch, drop_remainder=True)
-            dataset = dataset.map(lambda sample: sample.data)
-        elif config.shuffle_buffer_transitions > 1 and config.row_mixing == "block":
+        # With the learner's pool its update mixes the rows (`RowPool`): whole items here.
+        mixed_here = config.shuffle_buffer_transitions > 1 and not row_pool_transitions(
+            config, context.num_replicas_in_sync
+        )
+        if mixed_here and config.row_mixing == "block":
             # One element per block of items: their rows permuted together, cut into
             # batches. The same mixing as the buffer without its per-row dataset ops.
             rows = -(-config.shuffle_buffer_transitions // per_replica) * per_replica
@@ -150,7 +150,7 @@ def reverb_input_fn(
 
             # The next block is sampled while this one's batches are used.
             dataset = dataset.map(permuted_batches).prefetch(1).unbatch()
-        elif config.shuffle_buffer_transitions > 1:
+        elif mixed_here:
             # Rows of many items are mixed before they are batched, so a batch holds
             # transitions of ~min(B, buffer / G) items rather than B / G whole items.
             dataset = dataset.map(lambda sample: sample.data).unbatch()
@@ -335,7 +335,7 @@ class D4PGLearner(core.Learner):
         if isinstance(input_fn, ReverbInput):
             pool_rows = input_fn.row_pool_transitions(replicator.num_replicas)
         if pool_rows:
-            leading = 2 if self._fused else 1  # [K, B, ...] or [B, ...] per element.
+            leading = self._row_pool_leading = 2 if self._fused else 1  # [K, B] or [B].
             element = self._iterator.element_spec
             sizes = tf.nest.flatten(element)[0].shape[:leading]
             if None in sizes:
@@ -543,7 +543,7 @@ class D4PGLearner(core.Learner):
 
     def _fill_row_pool_rows(self, element: Transition, offset: tf.Tensor) -> None:
         """Writes one input element's rows to the pool from `offset` (replica context)."""
-        leading = 2 if self._fused else 1
+        leading = self._row_pool_leading
         rows = tf.nest.map_structure(lambda x: tf.reshape(x, [-1, *x.shape[leading:]]), element)
         self._row_pool.fill(rows, offset)
 
