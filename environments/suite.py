@@ -20,7 +20,7 @@ from types import ModuleType
 
 import dm_env
 
-from environments import wrappers
+from environments import feature_stats, wrappers
 from environments.wrappers import RenderingUnavailableError
 
 _log = logging.getLogger(__name__)
@@ -132,6 +132,7 @@ def make(
     action_repeat: int = 1,
     time_limit: float | None = None,
     shadows_and_reflections: bool = False,
+    normalize: bool = False,
 ) -> dm_env.Environment:
     """Builds a dm-control suite task with the observation and action conventions agents use.
 
@@ -158,6 +159,9 @@ def make(
       shadows_and_reflections: render MuJoCo's shadows and reflections (pixels only). Off
         by default: with software OpenGL they cost most of a frame's time and change
         little of the image (see `wrappers.PixelObservation`).
+      normalize: standardise each feature with the task's fixed statistics under random
+        actions (`task_statistics`, `feature_stats`): mean 0 and standard deviation 1
+        there, clipped to +-10 (features only).
 
     Returns:
       A `dm_env.Environment`. Attributes of the dm-control env (e.g. `physics`) are
@@ -177,6 +181,11 @@ def make(
         raise ValueError(
             "frame_stack applies to pixel observations; pass from_pixels=True "
             "or leave frame_stack=1."
+        )
+    if normalize and from_pixels:
+        raise ValueError(
+            "normalize standardises feature observations; pixels are scaled by the "
+            "network (x / 255): leave normalize=False with from_pixels=True."
         )
     if time_limit is not None and not time_limit > 0:
         raise ValueError(f"time_limit must be a positive number of seconds, got {time_limit}.")
@@ -206,5 +215,25 @@ def make(
             shadows_and_reflections=shadows_and_reflections,
         )
     else:
-        env = wrappers.FlattenFeatures(env, reward_bounds=bounds)
+        standardization = task_statistics(domain, task, action_repeat) if normalize else None
+        env = wrappers.FlattenFeatures(env, reward_bounds=bounds, standardization=standardization)
     return wrappers.CanonicalActions(env)
+
+
+@functools.cache
+def task_statistics(
+    domain: str, task: str, action_repeat: int = 1
+) -> feature_stats.FeatureStandardization:
+    """The features' standardisation for `make(..., normalize=True)`, once per process.
+
+    `feature_stats.random_action_statistics` of the task seeded with `feature_stats.SEED`;
+    with an action repeat of k each random action is held for k physics steps, as the
+    agent's are. The same numbers in every process of a run, without exchanging them.
+    """
+    environment = _dm_suite().load(domain, task, task_kwargs={"random": feature_stats.SEED})
+    if action_repeat > 1:
+        environment = wrappers.ActionRepeat(environment, action_repeat)
+    try:
+        return feature_stats.random_action_statistics(environment)
+    finally:
+        environment.close()

@@ -6,7 +6,7 @@
                    -> CanonicalActions
 
 so that per agent step the action is mapped once, the physics runs k times, and the
-observation is flattened (or rendered) once. Each wrapper forwards anything it does not
+observation is flattened (and, with `normalize`, standardised in place) or rendered once. Each wrapper forwards anything it does not
 change, including attribute access (`env.physics` reaches the dm-control physics).
 
 An actor calls `step` millions of times, so wrappers precompute everything derived from
@@ -22,6 +22,8 @@ from typing import Any
 import dm_env
 import numpy as np
 from dm_env import specs
+
+from environments.feature_stats import FeatureStandardization
 
 # An actuator without `ctrlrange` is reported by dm-control with bounds of +-mjMAXVAL
 # (1e10). Any bound this large is treated as "no bound" by `CanonicalActions`.
@@ -178,6 +180,8 @@ class FlattenFeatures(_ObservationWrapper):
     """Concatenates a dict of feature arrays into one float32 vector, in the dict's order.
 
     `reward_bounds` (low, high), when given, makes `reward_spec()` a `BoundedArray`.
+    `standardization`, when given, standardises the vector per feature
+    (`feature_stats.FeatureStandardization`: subtract the mean, scale, clip), in place.
 
     Scalars become length-1 segments and matrices are flattened row-major.
     `feature_slices` says where each named feature lives in the vector.
@@ -187,8 +191,10 @@ class FlattenFeatures(_ObservationWrapper):
         self,
         environment: dm_env.Environment,
         reward_bounds: tuple[float, float] | None = None,
+        standardization: FeatureStandardization | None = None,
     ):
         super().__init__(environment, reward_bounds)
+        self.standardization = standardization
         self.feature_slices: dict[str, slice] = {}
         start = 0
         for name, spec in environment.observation_spec().items():
@@ -200,11 +206,11 @@ class FlattenFeatures(_ObservationWrapper):
     def observation_spec(self) -> specs.Array:
         return self._spec
 
-    @staticmethod
-    def _flatten(observation) -> np.ndarray:
+    def _flatten(self, observation) -> np.ndarray:
         # One C-level call: axis=None ravels each value (0-d included) while concatenating,
         # and dtype= writes float32 directly instead of concatenating and then casting.
-        return np.concatenate(list(observation.values()), axis=None, dtype=np.float32)
+        flat = np.concatenate(list(observation.values()), axis=None, dtype=np.float32)
+        return flat if self.standardization is None else self.standardization.apply_(flat)
 
     def reset(self) -> dm_env.TimeStep:
         timestep = self._environment.reset()

@@ -42,7 +42,7 @@ __all__ = [
 
 
 def make_environment(config: D4PGConfig, env_name: str, seed: int):
-    """The environment D4PG sees for `config` (features or pixels, repeat, stack, camera).
+    """The environment D4PG sees for `config` (features, standardised or not, or pixels).
 
     Unset `frame_stack` / `action_repeat` take their per-task defaults
     (`D4PGConfig.resolved_frame_stack`, `resolved_action_repeat`).
@@ -59,6 +59,7 @@ def make_environment(config: D4PGConfig, env_name: str, seed: int):
         shadows_and_reflections=config.shadows_and_reflections,
         frame_stack=config.resolved_frame_stack(),
         action_repeat=config.resolved_action_repeat(env_name),
+        normalize=config.normalize_observations,
     )
 
 

@@ -41,6 +41,7 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "lr_decay_start_fraction": 0.0,  # Decays, where any, started at update 0.
     "policy_lr_final_scale": None,  # Both networks followed lr_final_scale.
     "critic_lr_final_scale": None,
+    "normalize_observations": False,
 }
 
 
@@ -102,7 +103,7 @@ class D4PGConfig:
       networks hold their own initialisation; ours start as a copy of the online ones.
       `policy_preactivation_penalty` (0 here, as Acme; the quick preset of
       `replicator launch d4pg` sets 1e-4 against a saturated policy: docs/d4pg.md),
-      `publish_period`, `updates_per_call`, `fuse_updates_per_call`, the conv torso
+      `normalize_observations` (off here, as Acme has none), `publish_period`, `updates_per_call`, `fuse_updates_per_call`, the conv torso
       (Sonnet's default initialisers under either `network_init`), `random_shift` and the
       pixel defaults are this project's choices (Acme's D4PG has no pixel setup). The
       full list, with what is the same by construction, is in docs/d4pg.md.
@@ -243,6 +244,12 @@ class D4PGConfig:
     shadows_and_reflections: bool = False
     frame_stack: int | None = None  # None: 3 for pixels, 1 for features.
     action_repeat: int | None = None  # None: `PIXEL_ACTION_REPEAT` for pixels, 1 for features.
+    # Standardise each feature with the task's fixed statistics under random actions
+    # (`environments.feature_stats`: mean 0, std 1 there, clipped to +-10), in the
+    # environment, so actors, evaluator, replay and snapshots all see standardised
+    # features. Features only. Acme's D4PG has none (its first LayerNorm normalises the
+    # pre-activations as a whole, not each input).
+    normalize_observations: bool = False
     # Reproducibility.
     seed: int = 0
 
@@ -304,6 +311,11 @@ class D4PGConfig:
             problems.append(f"camera_id must be >= -1 (-1: free camera), got {self.camera_id}")
         if self.frame_stack not in (None, 1) and not self.from_pixels:
             problems.append("frame_stack > 1 needs from_pixels=true")
+        if self.normalize_observations and self.from_pixels:
+            problems.append(
+                "normalize_observations standardises features; pixels are scaled by the "
+                "network: leave it false with from_pixels=true"
+            )
         if self.random_shift and not self.from_pixels:
             problems.append("random_shift applies to pixels: set from_pixels=true")
         if not (len(self.conv_channels) == len(self.conv_kernels) == len(self.conv_strides)):
@@ -337,7 +349,11 @@ class D4PGConfig:
             problems.append(
                 f"network_init must be one of {sorted(NETWORK_INITS)}, got {self.network_init!r}"
             )
-        for name in ("act_with_target_policy", "short_transitions_from_first_state"):
+        for name in (
+            "act_with_target_policy",
+            "short_transitions_from_first_state",
+            "normalize_observations",
+        ):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name} must be true or false, got {getattr(self, name)!r}")
         if problems:

@@ -16,6 +16,9 @@ Layout of a snapshot directory:
 
 The metadata holds the task, the full `D4PGConfig`, the learner step and the observation
 and action specs, so a reader can check that an environment fits the snapshot before acting.
+A run with `normalize_observations` acts on standardised features; its metadata's
+`observation_standardization` ({"mean", "scale", "clip"}, per feature of the flat vector)
+says how: clip((features - mean) * scale, -clip, clip).
 """
 
 from __future__ import annotations
@@ -98,6 +101,15 @@ def build_policy(config: D4PGConfig, env_spec) -> tuple[networks.Torso, networks
     return torso, policy
 
 
+def standardization_metadata(config: D4PGConfig, task: str) -> dict[str, Any]:
+    """How a `normalize_observations` run standardised `task`'s features, as JSON data."""
+    from environments import suite  # pylint: disable=import-outside-toplevel
+
+    domain, name = suite.parse_task_name(task)
+    stats = suite.task_statistics(domain, name, config.resolved_action_repeat(task))
+    return {"mean": stats.mean.tolist(), "scale": stats.scale.tolist(), "clip": stats.clip}
+
+
 def write(
     directory: str,
     *,
@@ -129,6 +141,8 @@ def write(
         "config": config.to_dict(),
         **spec_metadata(env_spec),
     }
+    if config.normalize_observations:
+        metadata["observation_standardization"] = standardization_metadata(config, task)
     text = json.dumps(metadata, indent=2, sort_keys=True)
     # Fresh variables outside any distribution strategy: the snapshot does not depend on
     # how the learner was replicated, and the learner's own variables are left alone.

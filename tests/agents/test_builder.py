@@ -1,4 +1,5 @@
-"""The D4PG builder's environment: pixel defaults (stack, repeat) and the chosen camera."""
+"""The D4PG builder's environment: pixel defaults (stack, repeat), the chosen camera, and
+standardised features."""
 
 import numpy as np
 import pytest
@@ -23,3 +24,14 @@ def test_pixel_environment_uses_frame_stack_3_the_domain_repeat_and_the_camera()
     assert not np.array_equal(frames[0].observation, frames[1].observation)
     features = builder.make_environment(D4PGConfig(), "cartpole:swingup", seed=0)
     assert environments.make_environment_spec(features).rewards.maximum == 1.0
+
+
+def test_normalize_observations_gives_the_standardized_features():
+    config = D4PGConfig.from_overrides({"normalize_observations": "true"})
+    env = builder.make_environment(config, "reacher:easy", seed=0)
+    plain = builder.make_environment(D4PGConfig(), "reacher:easy", seed=0)
+    stats = env.environment.standardization
+    assert stats is not None and plain.environment.standardization is None
+    np.testing.assert_allclose(
+        env.reset().observation, stats.apply_(plain.reset().observation), rtol=1e-6
+    )

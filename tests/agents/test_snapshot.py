@@ -16,6 +16,7 @@ from agents.d4pg.config import D4PGConfig
 from agents.d4pg.learning import D4PGLearner
 from agents.d4pg.numpy_policy import NumpyPolicy
 from environments import EnvironmentSpec
+from environments.suite import task_statistics
 from tests.agents.fixed_data import fixed_batches, observations
 
 pytestmark = pytest.mark.timeout(300)
@@ -183,3 +184,24 @@ def test_a_save_replaces_a_snapshot_whole_and_clears_what_killed_saves_left(tmp_
         )
     assert sorted(os.listdir(root)) == ["step_10"]
     assert snapshot.read_metadata(directory)["learner_step"] == 11
+
+
+def test_a_normalized_run_s_snapshot_says_how_its_features_were_standardized(tmp_path):
+    config = D4PGConfig.from_overrides({"normalize_observations": "true"}, base=CONFIG)
+    torso, policy = snapshot.build_policy(config, FEATURES)
+    weights = [v.numpy() for v in torso.ordered_variables() + policy.ordered_variables()]
+    for normalize, name in ((config, "normalized"), (CONFIG, "plain")):
+        snapshot.write(
+            str(tmp_path / name),
+            config=normalize,
+            env_spec=FEATURES,
+            weights=weights,
+            task="reacher:easy",
+            learner_step=0,
+        )
+    stats = task_statistics("reacher", "easy")
+    written = snapshot.read_metadata(str(tmp_path / "normalized"))["observation_standardization"]
+    np.testing.assert_array_equal(np.float32(written["mean"]), stats.mean)
+    np.testing.assert_array_equal(np.float32(written["scale"]), stats.scale)
+    assert written["clip"] == stats.clip
+    assert "observation_standardization" not in snapshot.read_metadata(str(tmp_path / "plain"))

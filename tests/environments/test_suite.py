@@ -57,6 +57,7 @@ def test_parse_task_name():
         (dict(action_repeat=0), "action_repeat"),
         (dict(frame_stack=3), "from_pixels=True"),
         (dict(time_limit=0.0), "time_limit"),
+        (dict(normalize=True, from_pixels=True), "normalize"),
     ],
 )
 def test_make_rejects_bad_arguments(kwargs, match):

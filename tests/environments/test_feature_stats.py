@@ -1,0 +1,75 @@
+"""Standardised features (`make(..., normalize=True)`): statistics, and what agents see."""
+
+import numpy as np
+from dm_control import suite as dm_suite
+
+import environments
+from environments import feature_stats
+from environments.suite import task_statistics
+
+
+def _concat(observation):
+    return np.concatenate([np.ravel(v) for v in observation.values()]).astype(np.float32)
+
+
+def _random_episode_features(name, seed, normalize):
+    env = environments.make(name, seed=seed, normalize=normalize)
+    rng = np.random.default_rng(seed)
+    rows = [env.reset().observation]
+    timestep = None
+    while timestep is None or not timestep.last():
+        timestep = env.step(rng.uniform(-1, 1, env.action_spec().shape).astype(np.float32))
+        rows.append(timestep.observation)
+    return np.stack(rows)
+
+
+def test_statistics_are_those_of_random_action_episodes():
+    # Recomputed by hand from the same episodes: the mean and 1 / std of every feature.
+    stats = task_statistics("reacher", "easy")
+    raw = dm_suite.load("reacher", "easy", task_kwargs={"random": feature_stats.SEED})
+    rng = np.random.default_rng(feature_stats.ACTION_SEED)
+    spec, rows = raw.action_spec(), []
+    for _ in range(feature_stats.EPISODES):
+        timestep = raw.reset()
+        rows.append(_concat(timestep.observation))
+        while not timestep.last():
+            timestep = raw.step(rng.uniform(spec.minimum, spec.maximum, spec.shape))
+            rows.append(_concat(timestep.observation))
+    rows = np.stack(rows)
+    np.testing.assert_allclose(stats.mean, rows.mean(axis=0), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(stats.scale, 1.0 / rows.std(axis=0), rtol=1e-5)
+    # reacher's to_target is ~10x smaller than its joint angles: the reason for all this.
+    assert stats.scale[2:4].min() > 5 * stats.scale[0:2].max()
+
+
+def test_normalized_features_have_unit_scale_under_random_actions():
+    # Another seed than the statistics': each feature has mean ~0 and std ~1.
+    features = _random_episode_features("cheetah:run", seed=7, normalize=True)
+    assert np.abs(features.mean(axis=0)).max() < 0.5
+    np.testing.assert_allclose(features.std(axis=0), 1.0, atol=0.35)
+
+
+def test_normalized_observation_is_the_raw_one_standardized_and_clipped():
+    # The same trajectory (seed, actions) with and without: x -> clip((x - mean) * scale).
+    raw = _random_episode_features("finger:spin", seed=3, normalize=False)
+    standardized = _random_episode_features("finger:spin", seed=3, normalize=True)
+    stats = task_statistics("finger", "spin")
+    expected = np.clip((raw - stats.mean) * stats.scale, -feature_stats.CLIP, feature_stats.CLIP)
+    np.testing.assert_allclose(standardized, expected, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(standardized, raw)
+
+
+def test_a_constant_feature_is_floored_not_blown_up():
+    # A feature that does not move under random actions gets scale 1 / MIN_STD, and a
+    # later large value is clipped.
+    stats = feature_stats.FeatureStandardization(
+        mean=np.zeros(2, np.float32), scale=np.array([1.0, 1 / feature_stats.MIN_STD], np.float32)
+    )
+    out = stats.apply_(np.array([[3.0, 0.5], [-2.0, -0.001]], np.float32))
+    np.testing.assert_array_equal(out, np.array([[3.0, 10.0], [-2.0, -0.1]], np.float32))
+
+
+def test_statistics_follow_the_action_repeat():
+    # Held random actions move the bodies further between observations than fresh ones.
+    once, held = task_statistics("cheetah", "run", 1), task_statistics("cheetah", "run", 4)
+    assert not np.allclose(once.scale, held.scale)
