@@ -785,6 +785,19 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
     Row(
+        "agents_learning_suite_normalize_observations.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch,finger:spin` beside "
+        "`--tasks cartpole:swingup,cheetah:run,walker:walk`, `--seeds 0,1,2 "
+        "--launch-flag=--config.normalize_observations=true` (run before the option existed, "
+        "with the same standardisation in the work tree's environments; bit-identical "
+        "observations, see the JSON's description): features standardised per task with "
+        "fixed statistics of random-action episodes, the preset otherwise, two runs at a "
+        "time: mean eval return vs the suite table's runs on the same seeds, and the runs "
+        "that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
         "agents_learning_suite_g1.json",
         "`agents_learning_suite --launch-flag=--config.transitions_per_item=1`: mean eval "
         "return of the default layout (16 transitions per item) vs 1 per item (Acme's layout "
