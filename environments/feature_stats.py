@@ -13,9 +13,9 @@ uniformly random actions in a copy of the task seeded with `SEED`, so every proc
 run (actors, evaluator, learner, a later `replicator evaluate`) computes the same numbers
 without exchanging them, the replay holds observations of one scale for the whole run, and
 a resumed run sees what it saw before. A feature's standard deviation is floored at
-`MIN_STD` (a feature constant under random actions, e.g. finger:spin's contacts, is not
-blown up), and the standardised values are clipped to +-`CLIP` (a state far from the
-random policy's, e.g. a running cheetah's speeds, stays a bounded input).
+`MIN_STD` (a feature constant under random actions is not blown up), and the standardised
+values are clipped to +-`CLIP` (a state far from the random policy's, e.g. a running
+cheetah's speeds, stays a bounded input).
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ class FeatureStandardization:
 
 def flat_features(observation) -> np.ndarray:
     """A dm-control observation dict as one float32 vector, in the dict's order."""
+    # One C-level call: axis=None ravels each value (0-d included) while concatenating,
+    # and dtype= writes float32 directly instead of concatenating and then casting.
     return np.concatenate(list(observation.values()), axis=None, dtype=np.float32)
 
 

@@ -6,8 +6,9 @@
                    -> CanonicalActions
 
 so that per agent step the action is mapped once, the physics runs k times, and the
-observation is flattened (and, with `normalize`, standardised in place) or rendered once. Each wrapper forwards anything it does not
-change, including attribute access (`env.physics` reaches the dm-control physics).
+observation is flattened (with `normalize`, also standardised in place) or rendered once.
+Each wrapper forwards anything it does not change, including attribute access
+(`env.physics` reaches the dm-control physics).
 
 An actor calls `step` millions of times, so wrappers precompute everything derived from
 specs in their constructor and do a handful of numpy calls per step; none copies a dict.
@@ -23,7 +24,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from environments.feature_stats import FeatureStandardization
+from environments.feature_stats import FeatureStandardization, flat_features
 
 # An actuator without `ctrlrange` is reported by dm-control with bounds of +-mjMAXVAL
 # (1e10). Any bound this large is treated as "no bound" by `CanonicalActions`.
@@ -207,9 +208,7 @@ class FlattenFeatures(_ObservationWrapper):
         return self._spec
 
     def _flatten(self, observation) -> np.ndarray:
-        # One C-level call: axis=None ravels each value (0-d included) while concatenating,
-        # and dtype= writes float32 directly instead of concatenating and then casting.
-        flat = np.concatenate(list(observation.values()), axis=None, dtype=np.float32)
+        flat = flat_features(observation)
         return flat if self.standardization is None else self.standardization.apply_(flat)
 
     def reset(self) -> dm_env.TimeStep:

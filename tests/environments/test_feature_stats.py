@@ -85,9 +85,8 @@ def test_normalized_observation_is_the_raw_one_standardized_and_clipped():
     assert not np.allclose(standardized, raw)
 
 
-def test_a_constant_feature_is_floored_not_blown_up():
-    # A feature that does not move under random actions gets scale 1 / MIN_STD, and a
-    # later large value is clipped.
+def test_standardized_values_are_clipped():
+    # E.g. a feature floored at MIN_STD (scale 100) that later moves by 0.5: 50 -> 10.
     stats = feature_stats.FeatureStandardization(
         mean=np.zeros(2, np.float32), scale=np.array([1.0, 1 / feature_stats.MIN_STD], np.float32)
     )
