@@ -1,5 +1,6 @@
-"""Resuming a run whose saved config predates keys added since (Acme options, layout),
-and the replay layout a new run pins so that a later default cannot change it."""
+"""Resuming a run whose saved config predates keys added since (Acme options, layout,
+rate decay, feature standardisation), and the replay layout a new run pins so that a later
+default cannot change it."""
 
 import json
 import os
@@ -29,7 +30,8 @@ DECAY_KEYS = (
     "policy_lr_final_scale",
     "critic_lr_final_scale",
 )
-LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS
+OBSERVATION_KEYS = ("normalize_observations",)
+LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS + OBSERVATION_KEYS
 
 
 def _old_run(tmp_path, **config_changes) -> str:
