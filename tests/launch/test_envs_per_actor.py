@@ -27,10 +27,14 @@ def _launch(run_dir: str, *flags: str) -> subprocess.CompletedProcess:
 
 def test_batched_actor_launch_runs_end_to_end(tmp_path):
     run_dir = str(tmp_path / "run")
+    # The learner's row pool (4,096 rows by default) is filled before its first update; at
+    # the tiny config's 4 samples per insert that takes ~1,100 of these 1,200 steps, and the
+    # launch could end before an update. A pool of 256 rows leaves it most of the budget.
     proc = _launch(
         run_dir,
         *("--envs-per-actor", "3", "--steps", "1200", "--eval-every", "2"),
         *("--eval-episodes", "1", "--progress-every", "2"),
+        "--config.shuffle_buffer_transitions=256",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Finished: " in proc.stdout
