@@ -6,7 +6,9 @@ every 10k actor steps, read back from its run directory's metrics.csv. Per task 
 results file sets our mean return at 50k, 100k, 200k (and 500k where run) beside the
 published state-feature curves of D4PG, DDPG, MPO, DMPO and DreamerV3 at the same steps
 (`launch/reporting/references.py`), with actor steps and wall time to the D4PG reference's return
-(medians over all seeds, censored), the wall time per run and collapses.
+(medians over all seeds, censored), the wall time per run and collapses. The references
+count environment steps: a run launched with `--config.action_repeat=R` is set beside
+them at R times its actor steps (its `--steps` and evaluation period stay in actor steps).
 
     python benchmarks/agents_learning_suite.py                       # everything (hours)
     python benchmarks/agents_learning_suite.py --tasks cartpole:swingup --seeds 0
@@ -59,7 +61,8 @@ BUDGETS = {
 EVAL_EPISODES = 10
 EVAL_EVERY_STEPS = 10_000
 OWN_LOAD = 4.0  # 1-minute load average a 2-actor launch keeps up on its own.
-# Actor steps at which runs are set beside the references (those a run reached).
+# Environment steps (actor steps x action repeat, `environment_curve`) at which runs are
+# set beside the references (those a run reached).
 REPORT_STEPS = (50_000, 100_000, 200_000, 500_000)
 
 
@@ -171,8 +174,17 @@ def first_reaching(curve: list, target: float) -> dict | None:
     return None
 
 
+def environment_curve(run: dict) -> list:
+    """A run's evaluations as [environment steps, wall time, return]: its actor steps
+    times its action repeat (its stored config's `action_repeat`; unset for features
+    means 1). The references count environment steps, so a run that acts every R steps
+    is set beside them at R times its actor steps."""
+    repeat = (run.get("run_config") or {}).get("action_repeat") or 1
+    return [[steps * repeat, wall_time_s, value] for steps, wall_time_s, value in run["curve"]]
+
+
 def evaluation_at(curve: list, at_steps: int) -> list | None:
-    """The evaluation of `curve` nearest to `at_steps` actor steps, or None if none is near.
+    """The evaluation of `curve` nearest to `at_steps` steps, or None if none is near.
 
     An evaluation is due when the actors pass a multiple of the evaluation period, and
     its row records the actor steps when it was written, after its episodes (1-2k more
@@ -214,17 +226,18 @@ def summarise(runs: dict) -> dict:
 
     For every point of `REPORT_STEPS` that every seed reached: the mean (and spread)
     over seeds of the evaluation at that point, each reference method's mean and the
-    best of them. Then actor steps and wall time to the D4PG reference's return at 100k
+    best of them. Then steps and wall time to the D4PG reference's return at 100k
     and 200k steps, as medians over all seeds (censored: a seed that never got there
     counts as never), the runs' wall time, and collapses. All of it is recomputed from
-    the stored curves, so a corrected reference file updates it without a rerun.
+    the stored curves, so a corrected reference file updates it without a rerun. Steps
+    are environment steps (`environment_curve`): actor steps unless a run repeats actions.
     """
     summary = {}
     for task, by_seed in sorted(runs.items()):
         seeds = list(by_seed.values())
         points = {}
         for at in REPORT_STEPS:
-            found = [evaluation_at(s["curve"], at) for s in seeds]
+            found = [evaluation_at(environment_curve(s), at) for s in seeds]
             if not found or any(f is None for f in found):
                 continue
             best = references.best_at(task, at)
@@ -240,7 +253,7 @@ def summarise(runs: dict) -> dict:
             target = references.mean_at("d4pg", task, at)
             if target is None:
                 continue
-            hits = [first_reaching(s["curve"], target) for s in seeds]
+            hits = [first_reaching(environment_curve(s), target) for s in seeds]
             thresholds[str(at)] = {
                 "target_return": target,
                 "seeds_reached": sum(h is not None for h in hits),

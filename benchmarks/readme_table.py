@@ -323,8 +323,9 @@ def _candidate_vs_default_text(
     collapses: bool = False,
 ) -> str:
     """Per task: a candidate setting's suite runs against the `baseline` suite's runs of
-    the same seeds (by default the preset before the penalty), at 100k and 200k actor
-    steps; with `collapses`, also how many runs of each collapsed."""
+    the same seeds (by default the preset before the penalty), at 100k and 200k
+    environment steps (`agents_learning_suite.environment_curve`: actor steps unless the
+    candidate repeats actions); with `collapses`, also how many runs of each collapsed."""
     default = _read_result(baseline)["runs"]
 
     def mean(values: list[float | None]) -> str:
@@ -336,7 +337,9 @@ def _candidate_vs_default_text(
         seeds = sorted(by_seed, key=int)
         cells = []
         for at in (100_000, 200_000):
-            ours = mean([_nearest_evaluation(by_seed[s]["curve"], at) for s in seeds])
+            ours = mean(
+                [_nearest_evaluation(suite.environment_curve(by_seed[s]), at) for s in seeds]
+            )
             base = mean(
                 [
                     _nearest_evaluation(default.get(task, {}).get(s, {}).get("curve"), at)

@@ -11,7 +11,9 @@ therefore not interpolated at all).
 (`launch.reporting.references`: state-feature baselines, 50k-500k environment steps) to the
 actor-steps panel, dashed; with one method, also its min-max band over seeds, lightly
 (several bands would hide the runs' own confidence band). A run's actor steps are its
-environment steps, so the two share the x axis. The reference is drawn only up to the
+environment steps, so the two share the x axis; for runs that repeat each action R times
+(`action_repeat`) a reference's E environment steps are drawn at E / R, where those runs
+stand after E environment steps (runs of one task with different repeats get none). The reference is drawn only up to the
 first reference step at or beyond the runs' largest actor step (e.g. runs reaching 120k
 show the reference at 50k, 100k and 150k), so the axis stretches at most one reference
 interval past the runs; a run shorter than 50k steps therefore shows the single 50k
@@ -277,10 +279,19 @@ def _draw_references(
             "(from_pixels=true): the references are state-feature curves."
         )
     last_steps: dict[str, float] = {}
+    repeats: dict[str, set[int]] = {}  # A task's runs' action repeats.
     for run in runs:
         if not run.config.get("from_pixels"):
             run_steps = [r["actor_steps"] for r in run.rows if "actor_steps" in r]
             last_steps[run.task] = max([last_steps.get(run.task, 0.0), *run_steps])
+            repeats.setdefault(run.task, set()).add(run.config.get("action_repeat") or 1)
+    mixed = sorted(t for t, r in repeats.items() if len(r) > 1)
+    if mixed:
+        _note(
+            f"references not drawn for {', '.join(mixed)}: its runs repeat actions "
+            "differently, and the references count environment steps (actor steps x "
+            "action_repeat); plot runs of one action_repeat together."
+        )
     missing = sorted(t for t in last_steps if t not in refs.tasks())
     if missing:
         _note(
@@ -289,17 +300,22 @@ def _draw_references(
         )
     drawn = False
     for task, last in sorted(last_steps.items()):
-        if task in missing:
+        if task in missing or task in mixed:
             continue
-        limit = reference_limit(last)
+        # The x axis counts actor steps; a run acting every R environment steps meets a
+        # reference's E environment steps at E / R of its own.
+        (repeat,) = repeats[task]
+        limit = reference_limit(last * repeat)
         for i, method in enumerate(methods):
             points = [p for p in refs.curve(method, task) if p[0] <= limit]
             if not points:
                 continue
             x, mean, low, high = (list(column) for column in zip(*points))
+            x = [value / repeat for value in x]
             label = refs.METHOD_NAMES.get(method, method)
             label += f" on {task}" if task_colors else ""
-            label += " (published, state features)"
+            label += " (published, state features"
+            label += f"; at environment steps / {repeat})" if repeat > 1 else ")"
             if task_colors:
                 color, style = task_colors.get(task), _REFERENCE_STYLES[i % len(_REFERENCE_STYLES)]
             else:

@@ -56,3 +56,21 @@ def test_an_evaluation_more_than_a_period_away_is_not_the_point():
     curve = [[39_000, 1.0, 10.0], [61_000, 2.0, 20.0]]
     assert suite.evaluation_at(curve, 50_000) is None
     assert suite.evaluation_at([[50_400, 1.0, 10.0]], 50_000) == [50_400, 1.0, 10.0]
+
+
+def test_a_run_that_repeats_actions_is_compared_at_its_environment_steps():
+    # Evaluations every 5k actor steps of a run acting every 2 environment steps: its
+    # evaluation at 50k actor steps is the one at the references' 100k environment steps.
+    curve = [[s, s / 1000.0, s / 100.0] for s in range(5_000, 105_000, 5_000)]
+    run = {**_run(curve), "run_config": {"action_repeat": 2}}
+    summary = suite.summarise({"walker:walk": {"0": run}})
+    assert summary["walker:walk"]["at_steps"]["100000"]["ours"]["mean"] == pytest.approx(500.0)
+    assert summary["walker:walk"]["at_steps"]["200000"]["ours"]["mean"] == pytest.approx(1000.0)
+    # D4PG's 100k return (360.6) is first passed at 40k actor steps (400): 80k steps.
+    to_100k = summary["walker:walk"]["to_d4pg_reference_return_at"]["100000"]
+    assert to_100k["median_actor_steps"] == pytest.approx(80_000)
+    # A stored config without a repeat (features) counts actor steps as they are.
+    plain = {**_run(curve), "run_config": {"action_repeat": None}}
+    assert suite.summarise({"walker:walk": {"0": plain}})["walker:walk"]["at_steps"]["100000"][
+        "ours"
+    ]["mean"] == pytest.approx(1000.0)

@@ -33,10 +33,12 @@ def _make_run(
     steps=STEPS,
     returns=None,
     from_pixels=False,
+    action_repeat=None,
 ):
     run = os.path.join(root, name)
     os.makedirs(run)
     config = {"seed": seed, "sigma": sigma, "batch_size": 64, "from_pixels": from_pixels}
+    config["action_repeat"] = action_repeat
     with open(os.path.join(run, "run.json"), "w") as f:
         json.dump({"program": "d4pg", "task": task, "config": config}, f)
     returns = returns or RETURNS[seed]
@@ -238,6 +240,30 @@ def test_references_of_several_tasks_follow_each_task(tmp_path, capsys):
         assert curves[task]["group"] == f"D4PG on {task} (published, state features)"
         np.testing.assert_allclose(curves[task]["x"], steps)
         np.testing.assert_allclose(curves[task]["mean"], mean)
+
+
+def test_references_meet_runs_that_repeat_actions_at_their_environment_steps(tmp_path, capsys):
+    # Runs acting every 2 environment steps, to 60k actor steps (120k environment steps).
+    runs = [
+        _make_run(
+            str(tmp_path), f"r{s}", s, task="walker:walk", steps=[0, 1, 2, 60_000], action_repeat=2
+        )
+        for s in (0, 1)
+    ]
+    out = str(tmp_path / "repeat.png")
+    assert cli.main(["plot", *runs, "--reference", "d4pg", "--out", out]) == 0
+    assert capsys.readouterr().err == ""  # Nothing left out, nothing to say.
+    (curve,) = _reference_curves(out)
+    steps, mean, _, _ = _published("d4pg", "walker:walk", 150_000)
+    np.testing.assert_allclose(curve["x"], [s / 2 for s in steps])  # 25k, 50k, 75k.
+    np.testing.assert_allclose(curve["mean"], mean)
+    assert curve["group"] == "D4PG (published, state features; at environment steps / 2)"
+    # Runs of one task with different repeats share no step axis with the references.
+    other = _make_run(str(tmp_path), "r2", 2, task="walker:walk", steps=LONG_STEPS)
+    out = str(tmp_path / "mixed.png")
+    assert cli.main(["plot", *runs, other, "--reference", "d4pg", "--out", out]) == 0
+    assert "references not drawn for walker:walk: its runs repeat actions" in _error(capsys)
+    assert _reference_curves(out) == []
 
 
 def test_bad_reference_name_is_one_usage_error(tmp_path, capsys):
