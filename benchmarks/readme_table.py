@@ -801,6 +801,20 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
     Row(
+        "agents_learning_suite_action_repeat2.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch,finger:spin` beside "
+        "`--tasks cartpole:swingup,cheetah:run,walker:walk`, `--seeds 0,1,2 --steps 100000 "
+        "--launch-flag=--config.action_repeat=2 --launch-flag=--eval-every-steps=5000`, at "
+        "770f441, stopped after the seeds listed (clearly lower): each action held for 2 "
+        "environment steps (100k actor steps are 200k environment steps, with half the "
+        "learner updates per environment step at the preset's 32 samples per insert), the "
+        "preset otherwise, two runs at a time: mean eval return at equal environment steps "
+        "vs the suite table's runs on the same seeds (a dash: an evaluation fell more than "
+        "10k environment steps from the point), 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
         "agents_learning_suite_g1.json",
         "`agents_learning_suite --launch-flag=--config.transitions_per_item=1`: mean eval "
         "return of the default layout (16 transitions per item) vs 1 per item (Acme's layout "
