@@ -801,6 +801,17 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
     Row(
+        "agents_learning_suite_n_step3.json",
+        "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
+        "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
+        "cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.n_step=3`, at 770f441: 3-step "
+        "returns instead of the preset's 5 (Acme's), the preset otherwise, two runs at a "
+        "time: mean eval return vs the suite table's runs on the same seeds, and the runs "
+        "that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
         "agents_learning_suite_action_repeat2.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch,finger:spin` beside "
         "`--tasks cartpole:swingup,cheetah:run,walker:walk`, `--seeds 0,1,2 --steps 100000 "
