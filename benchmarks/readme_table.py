@@ -988,6 +988,13 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": _rerun_vs_suite_text},
     ),
     _time_to_score_row(
+        "launch_time_to_score_one_trace.json",
+        "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command on 2026-12-06 "
+        "at 80c447f, where the learner traces its update once (not twice) before its first "
+        "update, the same agent as the row below; wall time to eval return 800, median of 6 "
+        "seeds, one launch at a time (steps to 800 differ between launches of one seed)",
+    ),
+    _time_to_score_row(
         "launch_time_to_score.json",
         "`launch_time_to_score --seeds 0,1,2,3,4,5`: the README's main command (`replicator "
         "launch d4pg`, defaults: local backend, 2 actors, cartpole:swingup; the quick preset's "
