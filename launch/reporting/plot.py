@@ -10,14 +10,15 @@ therefore not interpolated at all).
 `reference=[...]` adds the published mean curves of other agents on the same task
 (`launch.reporting.references`: state-feature baselines, 50k-500k environment steps) to the
 actor-steps panel, dashed; with one method, also its min-max band over seeds, lightly
-(several bands would hide the runs' own confidence band). A run's actor steps are its
-environment steps, so the two share the x axis; for runs that repeat each action R times
-(`action_repeat`) a reference's E environment steps are drawn at E / R, where those runs
-stand after E environment steps (runs of one task with different repeats get none). The reference is drawn only up to the
-first reference step at or beyond the runs' largest actor step (e.g. runs reaching 120k
-show the reference at 50k, 100k and 150k), so the axis stretches at most one reference
-interval past the runs; a run shorter than 50k steps therefore shows the single 50k
-point. It is left out, with a note on stderr saying why, for pixel runs (`from_pixels`:
+(several bands would hide the runs' own confidence band). A run that acts on every
+environment step (`action_repeat` 1, the features' default) has as many actor steps as
+environment steps, so the two share the x axis; for runs that repeat each action R times a
+reference's E environment steps are drawn at E / R, where those runs stand after E
+environment steps (runs of one task with different repeats get none). The reference is
+drawn only up to the first reference step at or beyond the runs' largest step (e.g. runs
+reaching 120k show the reference at 50k, 100k and 150k), so the axis stretches at most one
+reference interval past the runs; a run shorter than 50k steps therefore shows the single
+50k point. It is left out, with a note on stderr saying why, for pixel runs (`from_pixels`:
 the references learned from state features), for tasks without reference curves, and
 for metrics other than `eval_return`.
 
