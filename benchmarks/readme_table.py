@@ -804,7 +804,8 @@ ROWS: tuple[Row, ...] = (
         "agents_learning_suite_batch128.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,cheetah:run`, `--seeds 0,1,2`, then finger:spin beside "
-        "reacher:easy `--seeds 3,4,5`, all with `--launch-flag=--config.batch_size=128 "
+        "reacher:easy `--seeds 3,4,5`, then cartpole:swingup beside walker:walk `--seeds "
+        "0,1,2`, all with `--launch-flag=--config.batch_size=128 "
         "--launch-flag=--config.samples_per_insert=64`, at 92e855b (the agent of 770f441): "
         "twice the batch and the replay ratio, so the same learner updates per actor step "
         "each on twice the transitions, the preset otherwise, two runs at a time (and the "
