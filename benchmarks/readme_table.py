@@ -342,7 +342,9 @@ def _candidate_vs_default_text(
             )
             base = mean(
                 [
-                    _nearest_evaluation(default.get(task, {}).get(s, {}).get("curve"), at)
+                    _nearest_evaluation(suite.environment_curve(default[task][s]), at)
+                    if s in default.get(task, {})
+                    else None
                     for s in seeds
                 ]
             )
