@@ -817,6 +817,40 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
     Row(
+        "agents_learning_suite_target_period50.json",
+        "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch --seeds "
+        "0,1` (beside the same with period 200), then finger:spin and reacher:easy `--seeds "
+        "2,3,4,5` beside `--tasks cheetah:run,walker:walk,cartpole:swingup --seeds 0,1,2`, "
+        "then the seeds listed of the rest, all with "
+        "`--launch-flag=--config.target_update_period=50`, at 61a0d9d: the target networks "
+        "copied from the online ones every 50 learner updates (100 actor steps at the "
+        "preset's 32 samples per insert and batch 64) instead of the preset's (Acme's) 100, "
+        "the preset otherwise, two runs at a time: mean eval return vs the suite table's "
+        "runs on the same seeds, and the runs that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
+        "agents_learning_suite_target_period200.json",
+        "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch --seeds "
+        "0,1 --launch-flag=--config.target_update_period=200` beside the same with period "
+        "50, at 61a0d9d: the target networks copied every 200 learner updates instead of "
+        "the preset's 100, the preset otherwise: mean eval return vs the suite table's runs "
+        "on the same seeds, and the runs that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
+        "agents_learning_suite_target_period25.json",
+        "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch --seeds "
+        "0,1 --launch-flag=--config.target_update_period=25` beside period 50's later "
+        "seeds, at 61a0d9d, stopped after seed 0 to give the machine to period 50: the "
+        "target networks copied every 25 learner updates, the preset otherwise: mean eval "
+        "return vs the suite table's runs on the same seed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "

@@ -42,6 +42,7 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "policy_lr_final_scale": None,  # Both networks followed lr_final_scale.
     "critic_lr_final_scale": None,
     "normalize_observations": False,
+    "target_update_rate": 0.0,  # Hard copies every target_update_period updates.
 }
 
 
@@ -174,6 +175,11 @@ class D4PGConfig:
     policy_lr_final_scale: float | None = None
     critic_lr_final_scale: float | None = None
     target_update_period: int = 100
+    # Polyak averaging instead of hard copies: after every update the target weights move
+    # this fraction of the way to the online ones (target += rate * (online - target),
+    # as DDPG and TD3 do; the targets start as a copy). 0: hard copies every
+    # `target_update_period` updates (Acme), which the period then sets; > 0 ignores it.
+    target_update_rate: float = 0.0
     jit_compile: bool = True  # XLA-compile the forward/backward pass of the update.
     # Image augmentation of the learner's batches (pixels only): pad by
     # `random_shift_pad` pixels (edge replication) and crop back at a random offset.
@@ -277,6 +283,11 @@ class D4PGConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{name} must be >= 1, got {value}")
+        if not 0.0 <= self.target_update_rate <= 1.0:
+            problems.append(
+                "target_update_rate must be in [0, 1] (0: hard copies every "
+                f"target_update_period updates), got {self.target_update_rate}"
+            )
         if not 0.0 <= self.discount <= 1.0:
             problems.append(f"discount must be in [0, 1], got {self.discount}")
         if (self.vmin is None) != (self.vmax is None):

@@ -224,7 +224,9 @@ class D4PGLearner(core.Learner):
 
     The update of one replica, on its own batch:
       1. every `target_update_period` updates, copy online -> target weights (before
-         the update: updates 0, P, 2P, ... start from fresh targets);
+         the update: updates 0, P, 2P, ... start from fresh targets); with
+         `target_update_rate` r > 0 instead, copy before update 0 only and, after every
+         update's optimiser steps (5), move the targets r of the way to the online weights;
       1b. with a `reverb_input_fn` input of grouped items and `row_mixing="pool"` (one
          replica): the batch's rows go into the learner's pool of sampled rows and the
          rows they displace are the batch (`row_pool`; the first `step` fills the pool);
@@ -266,7 +268,8 @@ class D4PGLearner(core.Learner):
         `reverb_input_fn`); tests pass fixed data.
       replay_client: where `publish_variables()` writes the acting weights (None: no
         publishing); with `config.act_with_target_policy` these are the target policy's,
-        which changes every `target_update_period` updates.
+        which changes every `target_update_period` updates (every update with
+        `target_update_rate`).
       checkpoint_dir: where `save()` / `restore()` keep learner checkpoints.
     """
 
@@ -495,7 +498,12 @@ class D4PGLearner(core.Learner):
         """One replica's D4PG update (replica context)."""
         config, online, target = self._config, self._online, self._target
 
-        if self._num_steps % config.target_update_period == 0:
+        soft_targets = config.target_update_rate > 0
+        if soft_targets:
+            copy_targets = self._num_steps == 0  # Polyak averaging starts from a copy.
+        else:
+            copy_targets = self._num_steps % config.target_update_period == 0
+        if copy_targets:
             for source, dest in zip(online.all_variables(), target.all_variables()):
                 dest.assign(source)
 
@@ -513,6 +521,10 @@ class D4PGLearner(core.Learner):
             policy_grads = _scale_to_norm(policy_grads, policy_norm, config.max_gradient_norm)
         self._critic_optimizer.apply(critic_grads, online.critic_variables())
         self._policy_optimizer.apply(policy_grads, online.policy_variables())
+        if soft_targets:  # After the optimisers: the targets follow the updated weights.
+            rate = config.target_update_rate
+            for source, dest in zip(online.all_variables(), target.all_variables()):
+                dest.assign_add(rate * (source - dest))
         # Automatic control dependencies order stateful ops per resource only: without
         # this, a sample that times out (the iterator ends) could still bump the counter.
         with tf.control_dependencies([critic_norm, policy_norm]):

@@ -68,7 +68,13 @@ def _all_state(learner: D4PGLearner):
     return online + target + learner.optimizer_state()
 
 
-def main(pixels: bool, clip: bool, updates_per_call: int = 1, lr_decay_updates: int = 0) -> dict:
+def main(
+    pixels: bool,
+    clip: bool,
+    updates_per_call: int = 1,
+    lr_decay_updates: int = 0,
+    target_update_rate: float = 0.0,
+) -> dict:
     spec = _spec(pixels)
     overrides = {
         "policy_layers": "16,16",
@@ -85,6 +91,7 @@ def main(pixels: bool, clip: bool, updates_per_call: int = 1, lr_decay_updates: 
         "critic_lr": 1e-4,
         "updates_per_call": updates_per_call,
         "lr_decay_updates": lr_decay_updates,
+        "target_update_rate": target_update_rate,
     }
     # A small clipping norm so that clipping of the averaged gradient is exercised too.
     results = {}
@@ -138,11 +145,13 @@ if __name__ == "__main__":
     # Features with clipping (the all-reduce-then-clip path), pixels without (conv torso),
     # and 3 updates per compiled call (a target copy, period 2, falls inside each call)
     # with both learning rates decaying until update 10 of the 15 (the rates are
-    # variables every replica assigns).
+    # variables every replica assigns); and Polyak targets, which every replica moves
+    # after each update.
     results = {
         "features": main(False, clip=True),
         "pixels": main(True, clip=False),
         "fused": main(False, clip=True, updates_per_call=3, lr_decay_updates=10),
+        "polyak": main(False, clip=True, target_update_rate=0.2),
     }
     print("RESULT " + json.dumps(results))
     sys.stdout.flush()

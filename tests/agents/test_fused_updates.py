@@ -87,9 +87,15 @@ def _state(learner):
 # A decay that ends at update 6, inside the second call: each update of a call must use
 # its own rate.
 DECAY = {"lr_decay_updates": 6, "lr_final_scale": 0.1}
+# Polyak targets move after every update, inside the fused calls too.
+POLYAK = {"target_update_rate": 0.2}
 
 
-@pytest.mark.parametrize("overrides", [{}, DECAY], ids=["constant_rates", "decaying_rates"])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, DECAY, POLYAK],
+    ids=["constant_rates", "decaying_rates", "polyak_targets"],
+)
 @pytest.mark.parametrize("fuse", [True, False], ids=["one_xla_computation", "graph_loop"])
 def test_four_fused_updates_equal_four_single_updates(fuse, overrides):
     fused = _learner(4, fuse=fuse, overrides=overrides)

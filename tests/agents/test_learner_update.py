@@ -388,6 +388,26 @@ def test_target_networks_change_exactly_every_period():
     assert changed_at == [1, 4, 7]  # Updates 0, 3, 6 start with a copy.
 
 
+def test_polyak_targets_move_a_fraction_toward_the_updated_online_weights():
+    rate = 0.25
+    data = _data(seed=3)
+    # The period would copy at updates 0, 3, 6: with a rate it plays no part.
+    learner = _learner({"target_update_rate": rate, "target_update_period": 3}, data)
+    _randomise(learner.target_networks.all_variables(), seed=5)  # Differs from online.
+    target = learner.get_variables(["target"])[0]
+    for update in range(5):
+        online_before = learner.get_variables(["all"])[0]
+        learner.step()
+        online_after = learner.get_variables(["all"])[0]
+        # Update 0 starts from a copy of the online weights; later ones from the last.
+        start = online_before if update == 0 else target
+        expected = [t + rate * (o - t) for t, o in zip(start, online_after)]
+        target = learner.get_variables(["target"])[0]
+        for got, want in zip(target, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert any(not np.allclose(a, b) for a, b in zip(target, online_after))  # A real lag.
+
+
 def test_the_policy_loss_leaves_critic_and_torso_bit_identical():
     """Two learners differing only in their ONLINE policy make the same critic update.
 

@@ -33,6 +33,7 @@ def test_cpu2_update_equals_cpu_update_on_the_same_data():
     results = json.loads(line[len("RESULT ") :])
     assert results["fused"]["clip=True"]["updates_per_call"] == 3
     assert results["fused"]["clip=True"]["final_policy_lr"] == pytest.approx(1e-5)  # Decayed.
+    assert set(results) == {"features", "pixels", "fused", "polyak"}
     for torso, by_clip in results.items():
         for clip, r in by_clip.items():
             where = f"{torso}, {clip}: {r}"

@@ -31,7 +31,8 @@ DECAY_KEYS = (
     "critic_lr_final_scale",
 )
 OBSERVATION_KEYS = ("normalize_observations",)
-LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS + OBSERVATION_KEYS
+TARGET_KEYS = ("target_update_rate",)
+LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS + OBSERVATION_KEYS + TARGET_KEYS
 
 
 def _old_run(tmp_path, **config_changes) -> str:
