@@ -831,6 +831,29 @@ ROWS: tuple[Row, ...] = (
         derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
     Row(
+        "agents_learning_suite_target_rate0.02.json",
+        "`agents_learning_suite --tasks finger:spin,cheetah:run --seeds 0,1,2 "
+        "--launch-flag=--config.target_update_rate=0.02` beside the same with 0.04, then "
+        "ball_in_cup:catch beside reacher:easy `--seeds 0,1`, at cc9da34: Polyak-averaged "
+        "target networks (after every learner update they move 0.02 of the way to the "
+        "online ones: a mean lag of 50 updates, as the preset's copies every 100) instead "
+        "of hard copies, the preset otherwise, two runs at a time: mean eval return vs the "
+        "suite table's runs on the same seeds, and the runs that collapsed, 10 episodes per "
+        "evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
+        "agents_learning_suite_target_rate0.04.json",
+        "`agents_learning_suite --tasks finger:spin,cheetah:run --seeds 0,1,2 "
+        "--launch-flag=--config.target_update_rate=0.04` beside the same with 0.02, at "
+        "cc9da34: Polyak-averaged targets with a mean lag of 25 updates (as copies every "
+        "50), the preset otherwise: mean eval return vs the suite table's runs on the same "
+        "seeds, and the runs that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    ),
+    Row(
         "agents_learning_suite_target_period200.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch --seeds "
         "0,1 --launch-flag=--config.target_update_period=200` beside the same with period "

@@ -104,7 +104,8 @@ class D4PGConfig:
       networks hold their own initialisation; ours start as a copy of the online ones.
       `policy_preactivation_penalty` (0 here, as Acme; the quick preset of
       `replicator launch d4pg` sets 1e-4 against a saturated policy: docs/d4pg.md),
-      `normalize_observations` (off here, as Acme has none), `publish_period`,
+      `normalize_observations` (off here, as Acme has none), `target_update_rate`
+      (0 here: Acme's hard copies; Polyak averaging is DDPG's and TD3's), `publish_period`,
       `updates_per_call`, `fuse_updates_per_call`, the conv torso
       (Sonnet's default initialisers under either `network_init`), `random_shift` and the
       pixel defaults are this project's choices (Acme's D4PG has no pixel setup). The
