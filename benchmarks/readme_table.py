@@ -234,6 +234,17 @@ def _ab_time_to_target(result: Mapping[str, Any]) -> str:
     return f"{one('candidate')} vs {one('default')}"
 
 
+def _vs_suite_row(result: str, what: str) -> Row:
+    """The row of a candidate's suite runs (`what` says which and against what) set
+    against the suite table's runs of its seeds, with both sides' collapses."""
+    return Row(
+        result,
+        what,
+        "{tasks}",
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+    )
+
+
 def _vs_decay_from_start_row(result: str, what: str) -> Row:
     """The row of a candidate's suite runs against the decay-from-start preset's suite
     runs (the suite table until 2026-12-05) of its seeds."""
@@ -766,7 +777,7 @@ ROWS: tuple[Row, ...] = (
         "command with sampled rows mixed a permuted block of 4096 at a time / the defaults "
         "(a tf.data shuffle buffer of 4096 rows)",
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_row_mixing_block.json",
         "`agents_learning_suite --tasks ball_in_cup:catch,cartpole:swingup,cheetah:run` beside "
         "`--tasks finger:spin,reacher:easy,walker:walk`, `--seeds 0,1,2 "
@@ -774,10 +785,8 @@ ROWS: tuple[Row, ...] = (
         "at a time, the preset otherwise (and one op thread in the learner), two runs at a time: "
         "mean eval return vs the suite table's runs (a shuffle buffer of 4096 rows) on the same "
         "seeds, and the runs that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_row_mixing_pool.json",
         "`agents_learning_suite --tasks ball_in_cup:catch,cartpole:swingup,cheetah:run` beside "
         "`--tasks finger:spin,reacher:easy,walker:walk`, `--seeds 0,1,2 "
@@ -786,10 +795,8 @@ ROWS: tuple[Row, ...] = (
         "since 2026-12-05), the preset otherwise, two runs at a time: mean eval return vs the "
         "suite table's runs (tf.data's shuffle buffer of 4096 rows) on the same seeds, and "
         "the runs that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_normalize_observations.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch,finger:spin` beside "
         "`--tasks cartpole:swingup,cheetah:run,walker:walk`, `--seeds 0,1,2 "
@@ -799,10 +806,8 @@ ROWS: tuple[Row, ...] = (
         "fixed statistics of random-action episodes, the preset otherwise, two runs at a "
         "time: mean eval return vs the suite table's runs on the same seeds, and the runs "
         "that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_batch128.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,cheetah:run`, `--seeds 0,1,2`, then finger:spin beside "
@@ -815,10 +820,8 @@ ROWS: tuple[Row, ...] = (
         "each on twice the transitions, the preset otherwise, two runs at a time (and the "
         "test suite for part of it): mean eval return vs the suite table's runs on the same "
         "seeds, and the runs that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_target_period50.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch --seeds "
         "0,1` (beside the same with period 200), then finger:spin and reacher:easy `--seeds "
@@ -829,10 +832,8 @@ ROWS: tuple[Row, ...] = (
         "preset's 32 samples per insert and batch 64) instead of the preset's (Acme's) 100, "
         "the preset otherwise, two runs at a time: mean eval return vs the suite table's "
         "runs on the same seeds, and the runs that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_target_rate0.02.json",
         "`agents_learning_suite --tasks finger:spin,cheetah:run --seeds 0,1,2 "
         "--launch-flag=--config.target_update_rate=0.02` beside the same with 0.04, then "
@@ -842,40 +843,32 @@ ROWS: tuple[Row, ...] = (
         "of hard copies, the preset otherwise, two runs at a time: mean eval return vs the "
         "suite table's runs on the same seeds, and the runs that collapsed, 10 episodes per "
         "evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_target_rate0.04.json",
         "`agents_learning_suite --tasks finger:spin,cheetah:run --seeds 0,1,2 "
         "--launch-flag=--config.target_update_rate=0.04` beside the same with 0.02, at "
         "cc9da34: Polyak-averaged targets with a mean lag of 25 updates (as copies every "
         "50), the preset otherwise: mean eval return vs the suite table's runs on the same "
         "seeds, and the runs that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_target_period200.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch --seeds "
         "0,1 --launch-flag=--config.target_update_period=200` beside the same with period "
         "50, at 61a0d9d: the target networks copied every 200 learner updates instead of "
         "the preset's 100, the preset otherwise: mean eval return vs the suite table's runs "
         "on the same seeds, and the runs that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_target_period25.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy,ball_in_cup:catch --seeds "
         "0,1 --launch-flag=--config.target_update_period=25` beside period 50's later "
         "seeds, at 61a0d9d, stopped after seed 0 to give the machine to period 50: the "
         "target networks copied every 25 learner updates, the preset otherwise: mean eval "
         "return vs the suite table's runs on the same seed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
@@ -883,10 +876,8 @@ ROWS: tuple[Row, ...] = (
         "returns instead of the preset's 5 (Acme's), the preset otherwise, two runs at a "
         "time: mean eval return vs the suite table's runs on the same seeds, and the runs "
         "that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_action_repeat2.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch,finger:spin` beside "
         "`--tasks cartpole:swingup,cheetah:run,walker:walk`, `--seeds 0,1,2 --steps 100000 "
@@ -897,8 +888,6 @@ ROWS: tuple[Row, ...] = (
         "preset otherwise, two runs at a time: mean eval return at equal environment steps "
         "vs the suite table's runs on the same seeds (a dash: an evaluation fell more than "
         "10k environment steps from the point), 10 episodes per evaluation",
-        "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
     ),
     Row(
         "agents_learning_suite_g1.json",
