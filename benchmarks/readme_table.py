@@ -869,6 +869,30 @@ ROWS: tuple[Row, ...] = (
         "return vs the suite table's runs on the same seed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_sigma0.2_reacher_ball.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 0,1,2 "
+        "--launch-flag=--config.sigma=0.2` beside the same with `--tasks ball_in_cup:catch`, "
+        "at d63cf1f, stopped after seed 1 (lower on both): less exploration noise than the "
+        "preset's 0.3, the preset otherwise: mean eval return vs the suite table's runs on "
+        "the same seeds, and the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_sigma0.4.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
+        "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.sigma=0.4`, at "
+        "d63cf1f: more exploration noise than the preset's 0.3, the preset otherwise, two "
+        "runs at a time: mean eval return vs the suite table's runs on the same seeds, and "
+        "the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_n_step7.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
+        "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.n_step=7`, at "
+        "d63cf1f: 7-step returns instead of the preset's 5 (Acme's), the preset otherwise, "
+        "two runs at a time: mean eval return vs the suite table's runs on the same seeds, "
+        "and the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
