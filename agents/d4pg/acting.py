@@ -6,6 +6,7 @@ import dm_env
 import numpy as np
 
 from agents import core
+from agents.d4pg.exploration import ExplorationNoise
 from agents.d4pg.numpy_policy import NumpyPolicy
 from agents.d4pg.variables import VariableClient
 
@@ -34,6 +35,8 @@ class D4PGActor(core.Actor):
       adder: n-step adder into replay (None: evaluator, nothing is written).
       sigma: standard deviation of the Gaussian exploration noise (0: deterministic).
       seed: seed of the exploration noise.
+      noise_beta: its power-spectrum exponent, 0 white (Acme), 1 pink, 2 red: coloured
+        noise is correlated over time and restarts with each episode (`exploration`).
 
     An evaluator is the same actor with `sigma=0` and no adder.
 
@@ -49,18 +52,17 @@ class D4PGActor(core.Actor):
         adder: core.Adder | None = None,
         sigma: float = 0.0,
         seed: int = 0,
+        noise_beta: float = 0.0,
     ):
         _single_threaded_blas()
         self._policy = policy
         self._low = np.broadcast_to(np.asarray(action_spec.minimum, np.float32), action_spec.shape)
         self._high = np.broadcast_to(np.asarray(action_spec.maximum, np.float32), action_spec.shape)
-        self._shape = tuple(action_spec.shape)
         self._variables = variable_client
         self._adder = adder
         self._sigma = np.float32(sigma)
-        self._rng = np.random.default_rng(seed)
-        self._noise = np.empty((0,) + self._shape, np.float32)
-        self._noise_index = 0
+        rng = np.random.default_rng(seed)
+        self._noise = ExplorationNoise(1, tuple(action_spec.shape), sigma, noise_beta, rng)
 
     @property
     def weights_version(self) -> int:
@@ -72,21 +74,13 @@ class D4PGActor(core.Actor):
             self.update(wait=True)
         action = self._policy(observation)
         if self._sigma > 0:
-            action += self._next_noise()
+            action += self._noise.sample()[0]
             np.minimum(action, self._high, out=action)
             np.maximum(action, self._low, out=action)
         return action
 
-    def _next_noise(self) -> np.ndarray:
-        # Drawn in blocks: one generator call per step would cost more than the rest of
-        # the noise handling (the same N(0, sigma^2) samples, in the same order).
-        if self._noise_index == len(self._noise):
-            self._noise = self._sigma * self._rng.standard_normal((1024,) + self._shape, np.float32)
-            self._noise_index = 0
-        self._noise_index += 1
-        return self._noise[self._noise_index - 1]
-
     def observe_first(self, timestep: dm_env.TimeStep) -> None:
+        self._noise.start_episode(0)
         if self._adder is not None:
             self._adder.add_first(timestep)
 
@@ -123,6 +117,8 @@ class BatchedD4PGActor(core.BatchedActor):
       num_envs: K.
       sigma: standard deviation of the Gaussian exploration noise (0: deterministic).
       seed: seed of the exploration noise.
+      noise_beta: its power-spectrum exponent (0 white, 1 pink): each environment's
+        coloured noise restarts with that environment's episodes.
       variable_update_period: environment steps (over all K) between weight pulls.
     """
 
@@ -136,6 +132,7 @@ class BatchedD4PGActor(core.BatchedActor):
         sigma: float = 0.0,
         seed: int = 0,
         variable_update_period: int = 1000,
+        noise_beta: float = 0.0,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -145,12 +142,12 @@ class BatchedD4PGActor(core.BatchedActor):
         self._policy = policy
         self._low = np.asarray(action_spec.minimum, np.float32)
         self._high = np.asarray(action_spec.maximum, np.float32)
-        self._shape = (num_envs,) + tuple(action_spec.shape)
         self._variables = variable_client
         self._adders = list(adders or [])
         self._num_envs = num_envs
         self._sigma = np.float32(sigma)
-        self._rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed)
+        self._noise = ExplorationNoise(num_envs, tuple(action_spec.shape), sigma, noise_beta, rng)
         self._period = max(1, int(variable_update_period))
         self._steps_since_pull = 0
 
@@ -168,12 +165,13 @@ class BatchedD4PGActor(core.BatchedActor):
             self.update(wait=True)
         actions = self._policy.batch(observations)
         if self._sigma > 0:
-            actions += self._sigma * self._rng.standard_normal(self._shape, np.float32)
+            actions += self._noise.sample()
             np.minimum(actions, self._high, out=actions)
             np.maximum(actions, self._low, out=actions)
         return actions
 
     def observe_first(self, index: int, timestep: dm_env.TimeStep) -> None:
+        self._noise.start_episode(index)
         if self._adders:
             self._adders[index].add_first(timestep)
 

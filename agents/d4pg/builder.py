@@ -159,7 +159,8 @@ def make_actor(
 
     Args:
       seed: seed of its exploration noise (give each actor its own).
-      with_noise: add N(0, sigma^2) exploration noise (clipped to the action bounds).
+      with_noise: add N(0, sigma^2) exploration noise (clipped to the action bounds),
+        coloured by `noise_beta`.
       with_adder: write n-step transitions into the "replay" table.
     """
     client = reverb.Client(replay_address)
@@ -173,6 +174,7 @@ def make_actor(
         adder=adder,
         sigma=config.sigma if with_noise else 0.0,
         seed=seed,
+        noise_beta=config.noise_beta,
     )
 
 
@@ -194,6 +196,7 @@ def make_batched_actor(
         sigma=config.sigma,
         seed=seed,
         variable_update_period=config.variable_update_period,
+        noise_beta=config.noise_beta,
     )
 
 

@@ -43,6 +43,7 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "critic_lr_final_scale": None,
     "normalize_observations": False,
     "target_update_rate": 0.0,  # Hard copies every target_update_period updates.
+    "noise_beta": 0.0,  # White exploration noise.
 }
 
 
@@ -105,7 +106,8 @@ class D4PGConfig:
       `policy_preactivation_penalty` (0 here, as Acme; the quick preset of
       `replicator launch d4pg` sets 1e-4 against a saturated policy: docs/d4pg.md),
       `normalize_observations` (off here, as Acme has none), `target_update_rate`
-      (0 here: Acme's hard copies; Polyak averaging is DDPG's and TD3's), `publish_period`,
+      (0 here: Acme's hard copies; Polyak averaging is DDPG's and TD3's), `noise_beta`
+      (0 here: Acme's white noise), `publish_period`,
       `updates_per_call`, `fuse_updates_per_call`, the conv torso
       (Sonnet's default initialisers under either `network_init`), `random_shift` and the
       pixel defaults are this project's choices (Acme's D4PG has no pixel setup). The
@@ -240,6 +242,10 @@ class D4PGConfig:
     row_mixing: str = "pool"
     # Acting.
     sigma: float = 0.3
+    # Power-spectrum exponent of the exploration noise (`agents.d4pg.exploration`): 0
+    # white, each step drawn independently (Acme); 1 pink, 2 red: correlated over time,
+    # a new sequence per episode (Eberhard et al., 2023). Every step is N(0, sigma^2).
+    noise_beta: float = 0.0
     variable_update_period: int = 1000  # Actor pulls weights every K environment steps.
     publish_period: int = 10  # Learner publishes weights every K updates.
     # Actors, evaluator and snapshots use the target policy (and torso), as Acme's do.
@@ -318,6 +324,10 @@ class D4PGConfig:
                 problems.append(f"{key} must be in [0, 1], got {value}")
         if self.sigma < 0:
             problems.append(f"sigma must be >= 0, got {self.sigma}")
+        if not 0.0 <= self.noise_beta <= 2.0:
+            problems.append(
+                f"noise_beta must be in [0, 2] (0 white, 1 pink, 2 red), got {self.noise_beta}"
+            )
         if self.random_shift_pad < 0:
             problems.append(f"random_shift_pad must be >= 0, got {self.random_shift_pad}")
         if self.camera_id < -1:

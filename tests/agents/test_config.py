@@ -54,6 +54,7 @@ def test_overrides_parse_strings_to_field_types(overrides, expected):
         ({"critic_lr_final_scale": "1.5"}, r"critic_lr_final_scale must be in \[0, 1\]"),
         ({"lr_decay_start_fraction": "1"}, r"lr_decay_start_fraction must be in \[0, 1\)"),
         ({"target_update_rate": "-0.1"}, r"target_update_rate must be in \[0, 1\]"),
+        ({"noise_beta": "3"}, r"noise_beta must be in \[0, 2\]"),
         (
             {"normalize_observations": "true", "from_pixels": "true"},
             "normalize_observations standardises features",

@@ -32,7 +32,8 @@ DECAY_KEYS = (
 )
 OBSERVATION_KEYS = ("normalize_observations",)
 TARGET_KEYS = ("target_update_rate",)
-LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS + OBSERVATION_KEYS + TARGET_KEYS
+NOISE_KEYS = ("noise_beta",)
+LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS + OBSERVATION_KEYS + TARGET_KEYS + NOISE_KEYS
 
 
 def _old_run(tmp_path, **config_changes) -> str:

@@ -1,0 +1,89 @@
+"""Exploration noise: white or coloured, restarted per episode and environment, wired from
+the config through `builder` into single and batched actors."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import environments
+from agents.d4pg import builder, networks
+from agents.d4pg.config import D4PGConfig
+from agents.d4pg.exploration import SEQUENCE_LENGTH, ExplorationNoise
+
+pytestmark = pytest.mark.timeout(120)
+
+SIGMA = 0.3
+
+
+def _lag1_correlation(samples: np.ndarray) -> float:
+    """Mean over series of the correlation of step t with step t + 1 ([T, ...] samples)."""
+    series = samples.reshape(len(samples), -1)
+    return float(np.mean([np.corrcoef(s[:-1], s[1:])[0, 1] for s in series.T]))
+
+
+@pytest.mark.parametrize("beta, low, high", [(0.0, -0.05, 0.05), (1.0, 0.5, 0.95)])
+def test_noise_has_sigma_per_step_and_the_colour_its_beta_sets(beta, low, high):
+    """White noise: independent steps; pink: successive steps correlated. Both N(0, sigma^2)."""
+    noise = ExplorationNoise(2, (3,), SIGMA, beta, np.random.default_rng(0))
+    samples = np.stack([noise.sample() for _ in range(4 * SEQUENCE_LENGTH)])
+    assert samples.shape == (4 * SEQUENCE_LENGTH, 2, 3) and samples.dtype == np.float32
+    assert abs(samples.std() / SIGMA - 1) < 0.1
+    assert low < _lag1_correlation(samples) < high
+
+
+def test_an_episode_start_restarts_that_environments_noise_only():
+    """Two environments, same seed: an episode start in environment 0 after 10 steps gives
+    it a new sequence there and leaves environment 1's noise as it was."""
+    steady = ExplorationNoise(2, (2,), SIGMA, 1.0, np.random.default_rng(5))
+    restarted = ExplorationNoise(2, (2,), SIGMA, 1.0, np.random.default_rng(5))
+    a = np.stack([steady.sample() for _ in range(20)])
+    b = [restarted.sample() for _ in range(10)]
+    restarted.start_episode(0)
+    b = np.stack(b + [restarted.sample() for _ in range(10)])
+    np.testing.assert_array_equal(a[:, 1], b[:, 1])
+    np.testing.assert_array_equal(a[:10, 0], b[:10, 0])
+    assert not np.any(np.isclose(a[10:, 0], b[10:, 0]))
+
+
+FEATURES = environments.make_environment_spec(environments.make("cartpole:balance", seed=0))
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_the_config_colours_the_noise_of_single_and_batched_actors(beta):
+    """Through `builder`: `noise_beta` reaches both actors, and each restarts its noise
+    sequence when an episode starts (`observe_first`)."""
+    config = D4PGConfig.from_overrides(
+        {"policy_layers": "8", "critic_layers": "8", "sigma": SIGMA, "noise_beta": beta}
+    )
+    tf.random.set_seed(0)
+    nets = networks.make_networks(config, FEATURES)
+    weights = [np.zeros_like(v.numpy()) for v in nets.acting_variables()]  # Policy: 0.
+    server = builder.make_replay_server(config, FEATURES)
+    try:
+        address = f"localhost:{server.port}"
+        single = builder.make_actor(config, FEATURES, address, seed=0, with_adder=False)
+        batched = builder.make_batched_actor(config, FEATURES, address, seed=0, num_envs=2)
+        batched._adders = []  # pylint: disable=protected-access  # Acting only.
+        for actor in (single, batched):
+            actor._policy.set_weights(weights)  # pylint: disable=protected-access
+        obs = np.zeros(FEATURES.observations.shape, np.float32)
+        single_actions, batched_actions = [], []
+        for _ in range(3):  # Episodes of 200 steps.
+            single.observe_first(None)
+            for index in range(2):
+                batched.observe_first(index, None)
+            for _ in range(200):
+                single_actions.append(single.select_action(obs))
+                batched_actions.append(batched.select_actions(np.stack([obs, obs])))
+        single_actions, batched_actions = np.stack(single_actions), np.stack(batched_actions)
+    finally:
+        server.stop()
+    for actions in (single_actions, batched_actions):
+        correlation = _lag1_correlation(actions)
+        assert (correlation > 0.5) if beta else (abs(correlation) < 0.1)
+        if beta:
+            # A pink sequence drifts within an episode; a restart leaves the drift behind:
+            # successive steps across an episode boundary differ more than within one.
+            jumps = np.abs(np.diff(actions, axis=0))
+            at_starts = jumps[[199, 399]].mean()
+            assert at_starts > 2 * jumps.mean()
