@@ -885,6 +885,15 @@ ROWS: tuple[Row, ...] = (
         "the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_lr_final_0.03.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
+        "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.lr_final_scale=0.03`, "
+        "at d63cf1f: both learning rates falling to 0.03 of 1e-3 over the second half of the "
+        "budget instead of the preset's 0.1 (the same agent until 100k), two runs at a time: "
+        "mean eval return vs the suite table's runs on the same seeds, and the runs that "
+        "collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_n_step7.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
         "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.n_step=7`, at "
