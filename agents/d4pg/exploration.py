@@ -60,11 +60,14 @@ class ExplorationNoise:
             )
             self._positions = np.full(self._num_envs, SEQUENCE_LENGTH)
             self._envs = np.arange(self._num_envs)
+            # Steps before some environment needs a new sequence (checked only then).
+            self._steps_left = 0
 
     def start_episode(self, index: int) -> None:
         """Environment `index` begins an episode: coloured noise starts a new sequence."""
         if self._beta != 0:
             self._positions[index] = SEQUENCE_LENGTH
+            self._steps_left = 0
 
     def sample(self) -> np.ndarray:
         """The next step's noise for every environment, [K, *action_shape] float32."""
@@ -75,11 +78,14 @@ class ExplorationNoise:
                 self._index = 0
             self._index += 1
             return self._block[self._index - 1]
-        for index in np.flatnonzero(self._positions >= SEQUENCE_LENGTH):
-            self._sequences[index] = self._sigma * self._draw_sequence()
-            self._positions[index] = 0
+        if self._steps_left == 0:
+            for index in np.flatnonzero(self._positions >= SEQUENCE_LENGTH):
+                self._sequences[index] = self._sigma * self._draw_sequence()
+                self._positions[index] = 0
+            self._steps_left = SEQUENCE_LENGTH - int(self._positions.max())
         noise = self._sequences[self._envs, self._positions]
         self._positions += 1
+        self._steps_left -= 1
         return noise
 
     def _draw_sequence(self) -> np.ndarray:
