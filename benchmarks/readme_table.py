@@ -885,6 +885,16 @@ ROWS: tuple[Row, ...] = (
         "the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_pink_noise.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
+        "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.noise_beta=1`, at "
+        "b1c4673, then reacher:easy on seeds 3-11, ball_in_cup:catch on 3-5, walker:walk and "
+        "cartpole:swingup on 0-2: pink exploration noise (correlated over time, a new "
+        "sequence each episode; sigma 0.3 per step as the preset's white noise), the preset "
+        "otherwise, two runs at a time: mean eval return vs the suite table's runs on the "
+        "same seeds, and the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_lr_final_0.03.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
         "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.lr_final_scale=0.03`, "
