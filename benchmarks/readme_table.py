@@ -542,6 +542,22 @@ ROWS: tuple[Row, ...] = (
         Target(">=", 3, _QUICK + "/speedup_fixed_over_k1/8", label="K=8"),
     ),
     Row(
+        "agents_projection.json",
+        "`agents_projection`: the quick-preset learner (K=16, fixed batch) with the categorical "
+        "projection as a scatter to the two neighbouring atoms / as the former dense [B, N', N] "
+        "weighing, updates/s, median (min-max) of rotated rounds in one process",
+        "{ratios/learner_scatter_over_dense_51_atoms/median|.2f} at 51 atoms "
+        "({ratios/learner_scatter_over_dense_51_atoms/min|.2f}-"
+        "{ratios/learner_scatter_over_dense_51_atoms/max|.2f}; "
+        "{learner_updates_per_s_median/scatter_51_atoms|.0f} vs "
+        "{learner_updates_per_s_median/dense_51_atoms|.0f} updates/s; the projection alone "
+        "{projection_cpu_us_median/scatter_51_atoms|.0f} vs "
+        "{projection_cpu_us_median/dense_51_atoms|.0f} us CPU), "
+        "{ratios/learner_scatter_over_dense_101_atoms/median|.2f} at 101 atoms "
+        "({learner_updates_per_s_median/scatter_101_atoms|.0f} vs "
+        "{learner_updates_per_s_median/dense_101_atoms|.0f} updates/s)",
+    ),
+    Row(
         "agents_learner.json",
         "`agents_learner`: per-update time beyond the matmul FLOP time / FLOP time, paper "
         "sizes (256x3 / 512-512-256, batch 256), fixed batch",
@@ -895,6 +911,42 @@ ROWS: tuple[Row, ...] = (
         "same seeds, and the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_dqda_clipping0.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
+        "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.dqda_clipping=0`, "
+        "at 7ad8725: the policy's dQ/da not clipped per sample (the preset clips its L2 norm "
+        "to 1, as Acme), the preset otherwise, two runs at a time: mean eval return vs the "
+        "suite table's runs on the same seeds, and the runs that collapsed, 10 episodes per "
+        "evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_spi16.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
+        "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.samples_per_insert=16`, "
+        "at 7ad8725, stopped after the seeds listed (clearly lower): half the preset's replay "
+        "ratio (32), the preset otherwise, two runs at a time: mean eval return vs the suite "
+        "table's runs on the same seeds, and the runs that collapsed, 10 episodes per "
+        "evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_spi64_suite.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
+        "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.samples_per_insert=64`, "
+        "at 7ad8725: twice the preset's replay ratio (32; twice the learner updates per actor "
+        "step, 1.6x the wall time per run), the preset otherwise, two runs at a time: mean eval "
+        "return vs the suite table's runs on the same seeds, and the runs that collapsed, 10 "
+        "episodes per evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_num_atoms101.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
+        "finger:spin`, `--seeds 0,1,2 --launch-flag=--config.num_atoms=101`, at 7ad8725 (the "
+        "dense projection then: 1.5x the wall time per run): 101 atoms on the same support "
+        "instead of the preset's 51 (Acme's), the preset otherwise, two runs at a time: mean "
+        "eval return vs the suite table's runs on the same seeds, and the runs that "
+        "collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_lr_final_0.03.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
         "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.lr_final_scale=0.03`, "
@@ -1093,6 +1145,19 @@ ROWS: tuple[Row, ...] = (
         "(`agents_learning_suite_k8.json`) of the same seeds",
         "{tasks}",
         derived={"tasks": _rerun_vs_suite_text},
+    ),
+    _time_to_score_row(
+        "launch_time_to_score_scatter.json",
+        "`launch_time_to_score --seeds N`, one seed per call, alternated seed by seed with the "
+        "row below: the README's main command on 2026-12-06 (afternoon, another machine: Xeon "
+        "with AMX) with the categorical projection as a scatter (the same maths); wall time to "
+        "eval return 800, median of 6 seeds, one launch at a time",
+    ),
+    _time_to_score_row(
+        "launch_time_to_score_dense.json",
+        "`launch_time_to_score --seeds N` at 7ad8725, the former dense projection, alternated "
+        "seed by seed with the row above on the same machine: wall time to eval return 800, "
+        "median of 6 seeds, one launch at a time",
     ),
     _time_to_score_row(
         "launch_time_to_score_one_trace.json",

@@ -57,6 +57,11 @@ def categorical_l2_project(
     This is the l2 (Cramer) projection of Bellemare et al. (2017) / Rowland et al. (2018);
     it preserves total mass and, inside [vmin, vmax], the mean.
 
+    Each atom has at most two nonzero weights, those of the support atoms at floor(b_j) and
+    floor(b_j) + 1 with b_j = (z'_j - vmin) / dz, so the mass is scattered there (O(B N')),
+    not weighed against every support atom (an [B, N', N] tensor): at batch 64 and 51 atoms
+    that took 237 us of CPU per update under XLA, the scatter 48 (docs/throughput.md).
+
     Args:
       target_atoms: [B, N'] positions z'_j (need not lie on the support).
       target_probs: [B, N'] probabilities p_j (rows sum to 1).
@@ -66,13 +71,29 @@ def categorical_l2_project(
       [B, N] projected probabilities.
     """
     support = tf.cast(support, tf.float32)
+    num_atoms = tf.shape(support)[0]
     vmin, vmax = support[0], support[-1]
     delta = support[1] - support[0]
     clipped = tf.clip_by_value(tf.cast(target_atoms, tf.float32), vmin, vmax)
-    # [B, N', 1] against [1, 1, N] -> [B, N', N] overlap weights.
-    distance = tf.abs(clipped[:, :, None] - support[None, None, :])
-    weights = tf.maximum(0.0, 1.0 - distance / delta)
-    return tf.reduce_sum(weights * tf.cast(target_probs, tf.float32)[:, :, None], axis=1)
+    # Fractional index of each atom on the support; the min guards rounding past the end.
+    position = tf.minimum((clipped - vmin) / delta, tf.cast(num_atoms - 1, tf.float32))
+    lower = tf.floor(position)
+    upper_weight = position - lower  # 0 on an atom of the support: all mass to `lower`.
+    lower_index = tf.cast(lower, tf.int32)
+    upper_index = tf.minimum(lower_index + 1, num_atoms - 1)
+    probs = tf.cast(target_probs, tf.float32)
+    batch = tf.shape(clipped)[0]
+    row_offset = tf.range(batch)[:, None] * num_atoms  # Row b's atoms are [b N, (b + 1) N).
+    segment_ids = tf.concat(
+        [tf.reshape(lower_index + row_offset, [-1]), tf.reshape(upper_index + row_offset, [-1])],
+        axis=0,
+    )
+    masses = tf.concat(
+        [tf.reshape(probs * (1.0 - upper_weight), [-1]), tf.reshape(probs * upper_weight, [-1])],
+        axis=0,
+    )
+    projected = tf.math.unsorted_segment_sum(masses, segment_ids, batch * num_atoms)
+    return tf.reshape(projected, [batch, num_atoms])
 
 
 def categorical_target(
