@@ -25,13 +25,13 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # The repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # agents_common.
 
 from agents_common import fixed_batch_input_fn, write_result
+from agents_learner import _cpu_and_wall
 
 TASK = "cartpole:swingup"
 QUICK = {"policy_layers": "64,64", "critic_layers": "128,128", "batch_size": 64}
@@ -70,24 +70,6 @@ def _projection_loop(project, num_atoms: int):
         return total
 
     return (lambda: loop(atoms, probs).numpy()), (atoms, probs, support)
-
-
-def _cpu_per_call(fn, calls: int) -> float:
-    for _ in range(2):
-        fn()
-    start = time.process_time()
-    for _ in range(calls):
-        fn()
-    return (time.process_time() - start) / calls
-
-
-def _wall_per_call(fn, calls: int) -> float:
-    for _ in range(2):
-        fn()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
 
 
 def main() -> None:
@@ -143,8 +125,8 @@ def main() -> None:
                 losses.categorical_l2_project = original
             learners[(form, n)] = learner
 
-    probe_projection = _cpu_per_call(loops[("dense", 51)], 3)
-    probe_learner = _wall_per_call(learners[("dense", 51)].step, 3)
+    probe_projection = _cpu_and_wall(loops[("dense", 51)], 3)[1]
+    probe_learner = _cpu_and_wall(learners[("dense", 51)].step, 3)[0]
     projection_us = {key: [] for key in loops}
     updates_per_s = {key: [] for key in learners}
     keys = list(loops)
@@ -152,10 +134,10 @@ def main() -> None:
         order = keys[r % len(keys) :] + keys[: r % len(keys)]
         for key in order:
             calls = max(3, int(args.seconds / probe_projection))
-            per_call = _cpu_per_call(loops[key], calls)
+            per_call = _cpu_and_wall(loops[key], calls)[1]
             projection_us[key].append(per_call / CALLS_PER_COMPILED_LOOP * 1e6)
             calls = max(3, int(args.seconds / probe_learner))
-            per_call = _wall_per_call(learners[key].step, calls)
+            per_call = _cpu_and_wall(learners[key].step, calls)[0]
             updates_per_s[key].append(CALLS_PER_COMPILED_LOOP / per_call)
         loads.append(os.getloadavg()[0])
         print(
