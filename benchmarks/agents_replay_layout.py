@@ -1,6 +1,7 @@
 """Replay layouts compared in one run: one transition per Reverb item against G per item.
 
-Learner: quick-size D4PG learners (`updates_per_call` 8) fed from a fixed in-memory batch
+Learner: quick-preset D4PG learners (its `updates_per_call`, one op thread as the launch
+gives a one-replica learner of features; both settable) fed from a fixed in-memory batch
 and from Reverb with each layout, updates/s. Actor: raw unwrapped `env.step` and one
 actor process at K=1 and K=16 environments with each layout, steps/s. Replay servers run
 in their own processes (prefilled for the learners; `samples_per_insert` 0, so neither
@@ -11,6 +12,7 @@ measuring process, Reverb's included) are kept. The 1-minute load average is kep
 round; above 2 (the cores) the run is noisy and only the CPU-time ratios mean something.
 
 Usage: python benchmarks/agents_replay_layout.py [--groups 16 --rounds 5]
+       [--updates-per-call K --intra-op-threads T]
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from agents_common import (
 )
 
 TASK = "cartpole:swingup"
-UPDATES_PER_CALL = 8
 
 
 def _rotated(names: list[str], r: int) -> list[str]:
@@ -98,7 +99,7 @@ def learner_rounds(configs: dict, args, loads: list) -> dict:
         learners["fixed"].step()
         probe = max(time.perf_counter() - start, 1e-3)
         wall, cpu = _rounds(
-            lambda name: _rate(learners[name].step, UPDATES_PER_CALL, args.seconds, probe),
+            lambda name: _rate(learners[name].step, args.updates_per_call, args.seconds, probe),
             list(learners),
             args.rounds,
             loads,
@@ -170,19 +171,33 @@ def main() -> None:
     parser.add_argument("--actor-steps", type=int, default=4096, help="per actor measurement")
     parser.add_argument("--fill-episodes", type=int, default=20, help="prefill per layout")
     parser.add_argument("--parts", default="learner,actor")
+    parser.add_argument(
+        "--updates-per-call", type=int, default=None, help="default: the quick preset's"
+    )
+    parser.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=1,
+        help="threads per TensorFlow op (1: as the launch's learner of features; 0: TF's)",
+    )
     args = parser.parse_args()
+
+    import tensorflow as tf
 
     from agents.d4pg.config import D4PGConfig
     from launch.d4pg.program import PRESETS
 
+    if args.intra_op_threads:  # Before TensorFlow runs anything in this process.
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     quick = D4PGConfig.from_overrides(PRESETS["quick"])
+    args.updates_per_call = args.updates_per_call or quick.updates_per_call
     groups = [1] + [int(g) for g in args.groups.split(",")]
     configs = {
         f"g{g}": D4PGConfig.from_overrides(
             {
                 "samples_per_insert": 0,
                 "min_replay_size": 1000,
-                "updates_per_call": UPDATES_PER_CALL,
+                "updates_per_call": args.updates_per_call,
                 "transitions_per_item": g,
             },
             base=quick,
@@ -194,7 +209,8 @@ def main() -> None:
         "task": TASK,
         "preset": "quick",
         "batch_size": quick.batch_size,
-        "updates_per_call": UPDATES_PER_CALL,
+        "updates_per_call": args.updates_per_call,
+        "intra_op_threads": args.intra_op_threads,
         "transitions_per_item": groups,
         "item_pool_size": quick.item_pool_size,
         "rounds": args.rounds,

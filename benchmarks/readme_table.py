@@ -645,15 +645,24 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "agents_replay_layout.json",
-        "`agents_replay_layout`: quick-size learner (8 updates per call) fed from Reverb / "
+        "`agents_replay_layout`: quick-size learner fed from Reverb / "
         "fed a fixed in-memory batch, 16 transitions per item and 1, in the same run",
         "{learner/reverb_over_fixed/reverb_g16|.2f} with 16 per item, "
         "{learner/reverb_over_fixed/reverb_g1|.2f} with 1 "
         "({learner/median_updates_per_second/reverb_g16|.0f} and "
         "{learner/median_updates_per_second/reverb_g1|.0f} vs "
-        "{learner/median_updates_per_second/fixed|.0f} updates/s){noise}",
+        "{learner/median_updates_per_second/fixed|.0f} updates/s; {updates_per_call} "
+        "updates per call, {threads}){noise}",
         Target(">=", 0.9, "learner/reverb_over_fixed/reverb_g16", label="16 per item"),
-        derived={"noise": lambda d: "; noisy" if d["noisy"] else ""},
+        derived={
+            "noise": lambda d: "; noisy" if d["noisy"] else "",
+            # Runs before the option kept TensorFlow's default op threads.
+            "threads": lambda d: (
+                f"{d['intra_op_threads']} op thread as launched"
+                if d.get("intra_op_threads")
+                else "TensorFlow's default op threads"
+            ),
+        },
     ),
     Row(
         "agents_replay_layout.json",
@@ -945,6 +954,15 @@ ROWS: tuple[Row, ...] = (
         "instead of the preset's 51 (Acme's), the preset otherwise, two runs at a time: mean "
         "eval return vs the suite table's runs on the same seeds, and the runs that "
         "collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_critic256.json",
+        "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
+        "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.critic_layers=256,256`, "
+        "at ce85be4: a critic of 256-256 instead of the preset's 128-128, the policy kept at "
+        "64-64, the preset otherwise, two runs at a time (and the agents tests for part of "
+        "it; 4.4-5.1 min per run): mean eval return vs the suite table's runs on the same "
+        "seeds, and the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
         "agents_learning_suite_lr_final_0.03.json",

@@ -237,8 +237,10 @@ class D4PGConfig:
     # `shuffle_buffer_transitions` rows (rounded up to whole input elements) at random
     # slots, and the rows they displace are trained on; the buffer's mixing without its
     # per-row dataset ops (README command: ~0.78x the learner's CPU per update, its rate
-    # unchanged within the launches' spread; docs/throughput.md). One replica only:
-    # with several, the rows are mixed as with "buffer".
+    # unchanged within the launches' spread; docs/throughput.md). The pool holds the
+    # rows as sampled; the update splits them into fields and n-step returns, so the
+    # input pipeline only batches K x B / G items per call. One replica only: with
+    # several, the rows are mixed as with "buffer".
     row_mixing: str = "pool"
     # Acting.
     sigma: float = 0.3

@@ -20,7 +20,7 @@ import replication
 from agents import core
 from agents.d4pg import augmentation, diagnostics, losses, networks, row_pool, variables
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.replay import PARAMS_TABLE, REPLAY_TABLE, GroupedRowLayout
+from agents.d4pg.replay import PARAMS_TABLE, REPLAY_TABLE, GroupedRowLayout, ReplayItem
 
 _log = logging.getLogger(__name__)
 # How long a publish may wait for the replay to confirm: a replay that died under the
@@ -80,7 +80,11 @@ def reverb_input_fn(
     transitions (uniformly, as Reverb samples), and their rows pass through a shuffle
     buffer of `config.shuffle_buffer_transitions` before they are batched, or with
     `row_mixing="block"` are permuted a block of that many rows at a time (see
-    `D4PGConfig.transitions_per_item` and `row_mixing`).
+    `D4PGConfig.transitions_per_item` and `row_mixing`). With `row_mixing="pool"` the
+    learner mixes the rows itself and reads `ReverbInput.pooled`: the items' rows as
+    sampled, K batches per element, split into fields and n-step returns in its compiled
+    update (`ReverbInput.from_pooled`), so that the input pipeline does one batch and
+    one reshape per K updates on its own thread, not per-row field work.
     """
     discount = float(config.discount)
     layout = None
@@ -89,8 +93,7 @@ def reverb_input_fn(
             raise ValueError("reverb_input_fn needs env_spec when transitions_per_item > 1")
         layout = GroupedRowLayout.of(env_spec, config)
 
-    def to_transitions(sample: reverb.ReplaySample) -> Transition:
-        item = sample.data
+    def to_transitions(item: ReplayItem) -> Transition:
         returns, discounts = losses.n_step_return(
             item.rewards, item.discounts, discount, mask=item.discounts >= 0
         )
@@ -115,25 +118,48 @@ def reverb_input_fn(
         padding = tf.nest.map_structure(lambda spec: tf.zeros([], spec.dtype), dataset.element_spec)
         padding = padding._replace(data=padding.data._replace(discounts=tf.constant(-1.0)))
         dataset = dataset.padded_batch(per_replica, padding_values=padding, drop_remainder=True)
-        dataset = dataset.map(to_transitions)
+        dataset = dataset.map(lambda sample: to_transitions(sample.data))
         return dataset.prefetch(config.prefetch_size)
 
-    def _grouped_input(context: tf.distribute.InputContext, per_replica: int) -> tf.data.Dataset:
-        # Items of G whole transitions (`group_adder`): per_replica / G items per batch,
-        # their rows split into fields (rewards/discounts are [n] rows padded with
-        # discount -1).
+    def _grouped_items(per_replica: int) -> tf.data.Dataset:
+        # Items of G whole transitions (`group_adder`), each one [G, width] tensor of rows
+        # (rewards/discounts are [n] parts padded with discount -1): per_replica / G items
+        # per batch.
         group = config.resolved_transitions_per_item()
         check_grouped_batch(per_replica, group)
-        items_per_batch = per_replica // group
-        dataset = reverb.TrajectoryDataset.from_table_signature(
+        return reverb.TrajectoryDataset.from_table_signature(
             server_address=server_address,
             table=REPLAY_TABLE,
             max_in_flight_samples_per_worker=max(
-                config.max_in_flight_samples_per_worker // group, 2 * items_per_batch
+                config.max_in_flight_samples_per_worker // group, 2 * per_replica // group
             ),
             rate_limiter_timeout_ms=rate_limiter_timeout_ms,
             max_samples_per_stream=SAMPLES_PER_STREAM,
         )
+
+    def rows_to_transitions(rows: tf.Tensor) -> Transition:
+        """[B, width] rows of the grouped layout as a `Transition` batch."""
+        return to_transitions(layout.split(rows))
+
+    def pooled_rows(
+        context: tf.distribute.InputContext, num_batches: int | None
+    ) -> tf.data.Dataset:
+        # Whole items' rows, K batches per element: one Reverb batch and one reshape per
+        # K updates (`ReverbInput.pooled`).
+        per_replica = context.get_per_replica_batch_size(config.batch_size)
+        stack = [] if num_batches is None else [num_batches]
+        items = (num_batches or 1) * per_replica // config.resolved_transitions_per_item()
+        dataset = _grouped_items(per_replica).batch(items, drop_remainder=True)
+        dataset = dataset.map(
+            lambda sample: tf.reshape(sample.data, [*stack, per_replica, layout.width])
+        )
+        # The next element is sampled while the update trains on this one.
+        return dataset.prefetch(-(-config.prefetch_size // (num_batches or 1)))
+
+    def _grouped_input(context: tf.distribute.InputContext, per_replica: int) -> tf.data.Dataset:
+        group = config.resolved_transitions_per_item()
+        items_per_batch = per_replica // group
+        dataset = _grouped_items(per_replica)
         # With the learner's pool its update mixes the rows (`RowPool`): whole items here.
         mixed_here = config.shuffle_buffer_transitions > 1 and not row_pool_transitions(
             config, context.num_replicas_in_sync
@@ -161,12 +187,13 @@ def reverb_input_fn(
             dataset = dataset.map(lambda sample: sample.data)
 
         def split(rows: tf.Tensor) -> Transition:
-            item = layout.split(tf.reshape(rows, [per_replica, layout.width]))
-            return to_transitions(reverb.ReplaySample(info=None, data=item))
+            return rows_to_transitions(tf.reshape(rows, [per_replica, layout.width]))
 
         return dataset.map(split).prefetch(config.prefetch_size)
 
-    return ReverbInput(input_fn, config)
+    if layout is None:
+        return ReverbInput(input_fn, config)
+    return ReverbInput(input_fn, config, pooled_rows, rows_to_transitions)
 
 
 def row_pool_transitions(config: D4PGConfig, num_replicas: int) -> int:
@@ -182,12 +209,30 @@ def row_pool_transitions(config: D4PGConfig, num_replicas: int) -> int:
 
 
 class ReverbInput:
-    """`reverb_input_fn`'s input function: an `InputFn`, which also tells the learner
-    whether it must mix the rows of its batches itself (`row_pool_transitions`)."""
+    """`reverb_input_fn`'s input function: an `InputFn` of `Transition` batches, which
+    also tells the learner whether it must mix the rows of its batches itself
+    (`row_pool_transitions`) and, if so, what it reads instead (`pooled`, `from_pooled`).
 
-    def __init__(self, input_fn: InputFn, config: D4PGConfig):
+    Args:
+      input_fn: `input_fn(ctx)` -> dataset of per-replica `Transition` batches.
+      config: the learner's config (`row_pool_transitions`).
+      pooled_fn: `pooled_fn(ctx, K or None)` -> dataset of what the pool holds, K
+        batches stacked per element (None: `input_fn`'s batches, stacked by K).
+      from_pooled: a pooled batch -> `Transition` (None: they are `Transition`s).
+    """
+
+    def __init__(
+        self,
+        input_fn: InputFn,
+        config: D4PGConfig,
+        pooled_fn: Callable[[tf.distribute.InputContext, int | None], tf.data.Dataset]
+        | None = None,
+        from_pooled: Callable[[tf.Tensor], Transition] | None = None,
+    ):
         self._input_fn = input_fn
         self._config = config
+        self._pooled_fn = pooled_fn
+        self._from_pooled = from_pooled
 
     def __call__(self, context: tf.distribute.InputContext) -> tf.data.Dataset:
         return self._input_fn(context)
@@ -195,6 +240,18 @@ class ReverbInput:
     def row_pool_transitions(self, num_replicas: int) -> int:
         """Rows of the learner's pool for a learner of `num_replicas` (0: no pool)."""
         return row_pool_transitions(self._config, num_replicas)
+
+    def pooled(self, num_batches: int | None) -> InputFn:
+        """The input a learner with a pool reads: batches as its pool holds them, and
+        `num_batches` of them per element ([K, B, ...]; None: one, [B, ...])."""
+        if self._pooled_fn is None:
+            return self if num_batches is None else _stacked(self, num_batches)
+        return lambda context: self._pooled_fn(context, num_batches)
+
+    def from_pooled(self, batch) -> Transition:
+        """A batch out of the pool as the update's `Transition` (in the update: replica
+        context, traced into its compiled computation)."""
+        return batch if self._from_pooled is None else self._from_pooled(batch)
 
 
 def _stacked(input_fn: InputFn, num_batches: int) -> InputFn:
@@ -228,8 +285,10 @@ class D4PGLearner(core.Learner):
          `target_update_rate` r > 0 instead, copy before update 0 only and, after every
          update's optimiser steps (5), move the targets r of the way to the online weights;
       1b. with a `reverb_input_fn` input of grouped items and `row_mixing="pool"` (one
-         replica): the batch's rows go into the learner's pool of sampled rows and the
-         rows they displace are the batch (`row_pool`; the first `step` fills the pool);
+         replica): the batch's rows, as sampled, go into the learner's pool of sampled
+         rows and the rows they displace, split into fields with their n-step returns,
+         are the batch (`row_pool`, `ReverbInput.from_pooled`; the first `step` fills
+         the pool);
       2. pixels with `random_shift`: shift o_t and o_{t+m} (`augmentation`);
       3. critic: distributional TD loss against the projected n-step target
          (`losses.distributional_td_loss`); trains the critic and the torso;
@@ -328,15 +387,21 @@ class D4PGLearner(core.Learner):
             and config.updates_per_call > 1
             and not networks.is_pixels(env_spec.observations)
         )
-        self._input_fn = _stacked(input_fn, config.updates_per_call) if self._fused else input_fn
-        self._iterator = iter(replicator.distribute(self._input_fn))
         # `row_mixing="pool"`: the input's batches are whole items and the update mixes
-        # their rows through a pool of rows (`row_pool`), filled by the first `step`.
+        # their rows through a pool of rows (`row_pool`), filled by the first `step`;
+        # it reads the input's pooled form and makes `Transition`s of what the pool gives.
         self._row_pool: row_pool.RowPool | None = None
         self._row_pool_filled = False
         pool_rows = 0
         if isinstance(input_fn, ReverbInput):
             pool_rows = input_fn.row_pool_transitions(replicator.num_replicas)
+        stacked = config.updates_per_call if self._fused else None
+        if pool_rows:
+            self._input_fn = input_fn.pooled(stacked)
+            self._from_pooled = input_fn.from_pooled
+        else:
+            self._input_fn = input_fn if stacked is None else _stacked(input_fn, stacked)
+        self._iterator = iter(replicator.distribute(self._input_fn))
         if pool_rows:
             leading = self._row_pool_leading = 2 if self._fused else 1  # [K, B] or [B].
             element = self._iterator.element_spec
@@ -508,7 +573,7 @@ class D4PGLearner(core.Learner):
                 dest.assign(source)
 
         if self._row_pool is not None:
-            batch = self._mix_rows(batch)
+            batch = self._from_pooled(self._mix_rows(batch))
         if self._random_shift:
             batch = self._augment(batch)
         # With a decay, the rates this update uses (reported with its metrics).
@@ -545,13 +610,15 @@ class D4PGLearner(core.Learner):
             "n_step_return_min": -returns[1],
         }
 
-    def _mix_rows(self, batch: Transition) -> Transition:
-        """This update's batch: the rows its own rows displace from the pool, at slots
-        drawn from the seed and the update counter (replica context, one replica)."""
+    def _mix_rows(self, batch):
+        """This update's batch, as the pool holds it: the rows its own rows displace from
+        the pool, at slots drawn from the seed and the update counter (replica context,
+        one replica)."""
         pool = self._row_pool
         seed = tf.stack([tf.constant(self._config.seed, tf.int64), self._num_steps])
+        rows = tf.nest.flatten(batch)[0].shape[0]
         slots = tf.random.stateless_uniform(
-            [batch.reward.shape[0]], seed, minval=0, maxval=pool.num_rows, dtype=tf.int32
+            [rows], seed, minval=0, maxval=pool.num_rows, dtype=tf.int32
         )
         return pool.swap(batch, slots)
 

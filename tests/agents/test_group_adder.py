@@ -163,12 +163,6 @@ def test_learner_batches_are_exact_n_step_transitions_across_replicas(shuffle, m
     try:
         address = f"localhost:{server.port}"
         _write_episodes(_writer(reverb.Client(address), config), n, episodes)
-        expected = {}
-        for episode, (length, final) in enumerate(episodes):
-            for item in _expected_items(length, episode, final, n):
-                ret = sum(GAMMA**k * r for k, r in enumerate(item["rewards"]))
-                disc = GAMMA ** len(item["discounts"]) * np.prod(item["discounts"])
-                expected[_key(item)] = (ret, disc, item["action"])
         repl = replication.make("cpu:2")
         per_replica = repl.local_results(
             next(iter(repl.distribute(reverb_input_fn(address, config, env_spec=SPEC))))
@@ -176,14 +170,57 @@ def test_learner_batches_are_exact_n_step_transitions_across_replicas(shuffle, m
         assert len(per_replica) == 2
         for batch in per_replica:
             assert batch.observation.shape == (8, 2)  # 16 / 2 replicas, 2 items of 4.
-            for i in range(8):
-                key = tuple(float(x) for x in [*batch.observation[i], *batch.next_observation[i]])
-                ret, disc, action = expected[key]
-                assert batch.reward[i].numpy() == pytest.approx(ret, rel=1e-6)
-                assert batch.discount[i].numpy() == pytest.approx(disc, rel=1e-6, abs=1e-7)
-                np.testing.assert_allclose(batch.action[i].numpy(), action, rtol=1e-6)
+            _assert_exact_n_step(batch, _expected_transitions(episodes, n))
     finally:
         server.stop()
+
+
+def _expected_transitions(episodes, n: int) -> dict:
+    """(o_t, o_t+m) -> (R_t, D_t, a_t) of every transition `_write_episodes` writes."""
+    expected = {}
+    for episode, (length, final) in enumerate(episodes):
+        for item in _expected_items(length, episode, final, n):
+            ret = sum(GAMMA**k * r for k, r in enumerate(item["rewards"]))
+            disc = GAMMA ** len(item["discounts"]) * np.prod(item["discounts"])
+            expected[_key(item)] = (ret, disc, item["action"])
+    return expected
+
+
+def _assert_exact_n_step(batch, expected: dict) -> None:
+    for i in range(batch.observation.shape[0]):
+        key = tuple(float(x) for x in [*batch.observation[i], *batch.next_observation[i]])
+        ret, disc, action = expected[key]
+        assert batch.reward[i].numpy() == pytest.approx(ret, rel=1e-6)
+        assert batch.discount[i].numpy() == pytest.approx(disc, rel=1e-6, abs=1e-7)
+        np.testing.assert_allclose(batch.action[i].numpy(), action, rtol=1e-6)
+
+
+@pytest.mark.parametrize("num_batches", [None, 3], ids=["one_batch", "three_stacked"])
+def test_pooled_rows_made_transitions_in_the_update_are_exact_n_step_transitions(num_batches):
+    """`row_mixing="pool"`: the learner reads the items' rows as sampled, K batches per
+    element (`ReverbInput.pooled`), and makes them `Transition`s in its compiled update
+    (`from_pooled`, here compiled with XLA as there): exact n-step returns."""
+    n, episodes = 3, [(9, 0.0), (6, 1.0), (11, 0.0)]
+    config = _config(
+        n_step=n,
+        transitions_per_item=4,
+        item_pool_size=8,
+        batch_size=16,
+        shuffle_buffer_transitions=64,
+        row_mixing="pool",
+    )
+    width = GroupedRowLayout.of(SPEC, config).width
+    server = make_replay_server(config, SPEC)
+    try:
+        address = f"localhost:{server.port}"
+        _write_episodes(_writer(reverb.Client(address), config), n, episodes)
+        input_fn = reverb_input_fn(address, config, env_spec=SPEC)
+        element = next(iter(input_fn.pooled(num_batches)(tf.distribute.InputContext())))
+    finally:
+        server.stop()
+    assert element.shape == (*([num_batches] if num_batches else []), 16, width)
+    batch = tf.function(input_fn.from_pooled, jit_compile=True)(tf.reshape(element, [-1, width]))
+    _assert_exact_n_step(batch, _expected_transitions(episodes, n))
 
 
 @contextlib.contextmanager
@@ -266,14 +303,13 @@ def test_a_learner_pool_holds_sampled_transitions_and_each_update_swaps_rows(fus
         )
 
         def pool_rows():
+            # The pool holds rows as sampled (`ReverbInput.pooled`): split them here.
             rows = learner._row_pool._rows  # pylint: disable=protected-access
             count = learner._row_pool.num_rows  # pylint: disable=protected-access
+            fields = GroupedRowLayout.of(SPEC, config).split(rows[:count].numpy())
             return [
                 (*o, *o2)
-                for o, o2 in zip(
-                    rows.observation[:count].numpy().tolist(),
-                    rows.next_observation[:count].numpy().tolist(),
-                )
+                for o, o2 in zip(fields.observation.tolist(), fields.next_observation.tolist())
             ]
 
         learner.step()

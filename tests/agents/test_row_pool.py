@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import replication
 from agents.d4pg.config import D4PGConfig
-from agents.d4pg.learning import D4PGLearner, ReplayTimeoutError, ReverbInput
+from agents.d4pg.learning import D4PGLearner, ReplayTimeoutError, ReverbInput, Transition
 from agents.d4pg.row_pool import RowPool
 from tests.agents.test_fused_updates import BASE, SPEC, _state, random_transitions
 
@@ -87,7 +87,26 @@ def _stream(ctx):
     return tf.data.Dataset.from_tensor_slices(data).batch(8, drop_remainder=True).repeat()
 
 
-def _learner(updates_per_call: int, fuse: bool = True, pool: bool = True) -> D4PGLearner:
+def _packed(transitions: Transition) -> tf.Tensor:
+    """Transitions as rows [o | a | R | D | o'] of width 14: one tensor, as Reverb's items
+    of the grouped layout reach a pool learner (`ReverbInput.pooled`)."""
+    parts = [tf.reshape(tf.cast(x, tf.float32), [tf.shape(x)[0], -1]) for x in transitions]
+    return tf.concat(parts, axis=1)
+
+
+def _unpacked(rows: tf.Tensor) -> Transition:
+    obs, action, reward, discount, next_obs = tf.split(rows, [5, 2, 1, 1, 5], axis=1)
+    return Transition(obs, action, reward[:, 0], discount[:, 0], next_obs)
+
+
+def _packed_stream(ctx, num_batches):
+    rows = _stream(ctx).map(_packed)
+    return rows if num_batches is None else rows.batch(num_batches, drop_remainder=True)
+
+
+def _learner(
+    updates_per_call: int, fuse: bool = True, pool: bool = True, packed: bool = False
+) -> D4PGLearner:
     config = D4PGConfig.from_overrides(
         {
             **BASE,
@@ -101,6 +120,8 @@ def _learner(updates_per_call: int, fuse: bool = True, pool: bool = True) -> D4P
     # Without the pool: the batches the pool's learner trains on, were the pool to mix
     # nothing (its first 12 batches fill it).
     input_fn = ReverbInput(_stream, config) if pool else (lambda ctx: _stream(ctx).skip(12))
+    if packed:  # The pool holds the rows packed; the update unpacks what comes out.
+        input_fn = ReverbInput(_stream, config, _packed_stream, _unpacked)
     return D4PGLearner(config, SPEC, replication.make("cpu"), input_fn)
 
 
@@ -130,6 +151,26 @@ def test_a_pool_learner_does_the_same_updates_in_calls_of_four_as_of_one(fuse):
         for a, b in zip(_state(learners["one"]), _state(learners["no_pool"]))
     )
     assert difference > 1e-4
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["one_xla_computation", "graph_loop"])
+def test_a_pool_of_packed_rows_unpacked_in_the_update_does_the_same_updates(fuse):
+    """An input whose pooled form is packed rows (as `reverb_input_fn`'s grouped items):
+    the learner reads that form, K batches stacked when fused, mixes the rows and unpacks
+    them in the update: the same updates as a pool of `Transition` fields."""
+    learners = {"packed": _learner(4, fuse=fuse, packed=True), "fields": _learner(1)}
+    weights = [v.numpy() for v in learners["packed"].networks.all_variables()]
+    for learner in learners.values():
+        for variable, value in zip(learner.networks.all_variables(), weights):
+            variable.assign(value)
+        learner._copy_to_target()
+    for _ in range(3):
+        learners["packed"].step()
+    for _ in range(12):
+        learners["fields"].step()
+    assert learners["packed"].num_steps == 12
+    for a, b in zip(_state(learners["packed"]), _state(learners["fields"])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_an_input_that_ends_while_the_pool_fills_is_a_replay_timeout():
