@@ -195,20 +195,26 @@ def _assert_exact_n_step(batch, expected: dict) -> None:
         np.testing.assert_allclose(batch.action[i].numpy(), action, rtol=1e-6)
 
 
-@pytest.mark.parametrize("num_batches", [None, 3], ids=["one_batch", "three_stacked"])
-def test_pooled_rows_made_transitions_in_the_update_are_exact_n_step_transitions(num_batches):
-    """`row_mixing="pool"`: the learner reads the items' rows as sampled, K batches per
-    element (`ReverbInput.pooled`), and makes them `Transition`s in its compiled update
-    (`from_pooled`, here compiled with XLA as there): exact n-step returns."""
-    n, episodes = 3, [(9, 0.0), (6, 1.0), (11, 0.0)]
-    config = _config(
+def _pool_config(n: int, **overrides) -> D4PGConfig:
+    """Items of 4, batches of 16 and a learner pool of 64 rows (`row_mixing="pool"`)."""
+    return _config(
         n_step=n,
         transitions_per_item=4,
         item_pool_size=8,
         batch_size=16,
         shuffle_buffer_transitions=64,
         row_mixing="pool",
+        **overrides,
     )
+
+
+@pytest.mark.parametrize("num_batches", [None, 3], ids=["one_batch", "three_stacked"])
+def test_pooled_rows_made_transitions_in_the_update_are_exact_n_step_transitions(num_batches):
+    """`row_mixing="pool"`: the learner reads the items' rows as sampled, K batches per
+    element (`ReverbInput.pooled`), and makes them `Transition`s in its compiled update
+    (`from_pooled`, here compiled with XLA as there): exact n-step returns."""
+    n, episodes = 3, [(9, 0.0), (6, 1.0), (11, 0.0)]
+    config = _pool_config(n)
     width = GroupedRowLayout.of(SPEC, config).width
     server = make_replay_server(config, SPEC)
     try:
@@ -277,17 +283,8 @@ def test_a_learner_pool_holds_sampled_transitions_and_each_update_swaps_rows(fus
     """`row_mixing="pool"` on one replica: the first step fills the learner's pool with
     transitions sampled from the replay, and every update puts its batch's rows in."""
     n, episodes = 3, [(30, 0.0), (25, 1.0), (40, 0.0)]
-    config = _config(
-        n_step=n,
-        transitions_per_item=4,
-        item_pool_size=8,
-        batch_size=16,
-        shuffle_buffer_transitions=64,
-        row_mixing="pool",
-        updates_per_call=2,
-        fuse_updates_per_call=fuse,
-        policy_layers="8",
-        critic_layers="8",
+    config = _pool_config(
+        n, updates_per_call=2, fuse_updates_per_call=fuse, policy_layers="8", critic_layers="8"
     )
     server = make_replay_server(config, SPEC)
     try:

@@ -125,6 +125,16 @@ def _learner(
     return D4PGLearner(config, SPEC, replication.make("cpu"), input_fn)
 
 
+def _start_alike(learners) -> None:
+    """Gives every learner the first one's weights (online and target)."""
+    first, *rest = learners
+    weights = [v.numpy() for v in first.networks.all_variables()]
+    for learner in rest:
+        for variable, value in zip(learner.networks.all_variables(), weights):
+            variable.assign(value)
+        learner._copy_to_target()
+
+
 @pytest.mark.parametrize("fuse", [True, False], ids=["one_xla_computation", "graph_loop"])
 def test_a_pool_learner_does_the_same_updates_in_calls_of_four_as_of_one(fuse):
     learners = {
@@ -132,11 +142,7 @@ def test_a_pool_learner_does_the_same_updates_in_calls_of_four_as_of_one(fuse):
         "one": _learner(1),
         "no_pool": _learner(1, pool=False),
     }
-    weights = [v.numpy() for v in learners["four"].networks.all_variables()]
-    for learner in learners.values():
-        for variable, value in zip(learner.networks.all_variables(), weights):
-            variable.assign(value)
-        learner._copy_to_target()
+    _start_alike(learners.values())
     for _ in range(3):
         learners["four"].step()
     for _ in range(12):
@@ -159,11 +165,7 @@ def test_a_pool_of_packed_rows_unpacked_in_the_update_does_the_same_updates(fuse
     the learner reads that form, K batches stacked when fused, mixes the rows and unpacks
     them in the update: the same updates as a pool of `Transition` fields."""
     learners = {"packed": _learner(4, fuse=fuse, packed=True), "fields": _learner(1)}
-    weights = [v.numpy() for v in learners["packed"].networks.all_variables()]
-    for learner in learners.values():
-        for variable, value in zip(learner.networks.all_variables(), weights):
-            variable.assign(value)
-        learner._copy_to_target()
+    _start_alike(learners.values())
     for _ in range(3):
         learners["packed"].step()
     for _ in range(12):
