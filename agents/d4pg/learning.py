@@ -65,7 +65,8 @@ def reverb_input_fn(
     """Per-replica batches of n-step `Transition`s sampled from the "replay" table.
 
     Each input pipeline opens its own Reverb dataset (so every pipeline samples
-    independently); n-step returns and discounts are computed on (padded) batches.
+    independently); n-step returns and discounts are computed on (padded) batches, by
+    the learner's update for what its pool gives (`ReverbInput.from_pooled`).
 
     Args:
       server_address: "host:port" of the replay server.
