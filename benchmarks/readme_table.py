@@ -965,6 +965,24 @@ ROWS: tuple[Row, ...] = (
         "seeds, and the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_finger_critic256_spi64.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1,2` beside the row below, then "
+        "`--seeds 3,4,5` beside `--seeds 6,7`, all with `--launch-flag=--config.critic_layers="
+        "256,256 --launch-flag=--config.samples_per_insert=64`, at d639632: a 256-256 critic "
+        "and twice the replay ratio together, on finger:spin only (each alone raised it), the "
+        "preset otherwise, two runs at a time (~7 min per run): mean eval return vs the suite "
+        "table's runs on the same seeds, and the runs that collapsed, 10 episodes per "
+        "evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_finger_critic256_atoms101.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1,2 --launch-flag=--config."
+        "critic_layers=256,256 --launch-flag=--config.num_atoms=101`, at d639632: a 256-256 "
+        "critic and 101 atoms together, on finger:spin only, the preset otherwise, beside the "
+        "row above: mean eval return vs the suite table's runs on the same seeds, and the runs "
+        "that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_lr_final_0.03.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
         "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.lr_final_scale=0.03`, "
