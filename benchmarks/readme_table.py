@@ -970,7 +970,8 @@ ROWS: tuple[Row, ...] = (
         "`--seeds 3,4,5` beside `--seeds 6,7`, all with `--launch-flag=--config.critic_layers="
         "256,256 --launch-flag=--config.samples_per_insert=64`, at d639632: a 256-256 critic "
         "and twice the replay ratio together, on finger:spin only (each alone raised it), the "
-        "preset otherwise, two runs at a time (~7 min per run): mean eval return vs the suite "
+        "preset otherwise, two runs at a time (~7 min per run, ~2.6x the preset's): mean eval "
+        "return vs the suite "
         "table's runs on the same seeds, and the runs that collapsed, 10 episodes per "
         "evaluation",
     ),
