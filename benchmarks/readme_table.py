@@ -967,7 +967,8 @@ ROWS: tuple[Row, ...] = (
     _vs_suite_row(
         "agents_learning_suite_finger_critic256_spi64.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0,1,2` beside the row below, then "
-        "`--seeds 3,4,5` beside `--seeds 6,7`, all with `--launch-flag=--config.critic_layers="
+        "`--seeds 3,4,5` beside `--seeds 6,7`, then `--seeds 8,9` beside `--seeds 10,11`, all "
+        "with `--launch-flag=--config.critic_layers="
         "256,256 --launch-flag=--config.samples_per_insert=64`, at d639632: a 256-256 critic "
         "and twice the replay ratio together, on finger:spin only (each alone raised it), the "
         "preset otherwise, two runs at a time (~7 min per run, ~2.6x the preset's): mean eval "
