@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # The repository r
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # agents_common.
 
 import numpy as np
-from agents_common import ReplayServerProcess, write_result
+from agents_common import ReplayServerProcess, rotated, write_result
 
 TASK = "cartpole:swingup"
 
@@ -146,7 +146,7 @@ def main() -> None:
         wall = {name: [] for name in names}
         cpu = {name: [] for name in names}
         for r in range(args.rounds):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
+            for name in rotated(names, r):
                 w, c = _timed(runners[name], args.steps)
                 wall[name].append(w)
                 cpu[name].append(c)

@@ -150,6 +150,13 @@ def fixed_batch_input_fn(config, obs_dim: int, act_dim: int, seed: int = 0):
     return input_fn
 
 
+def rotated(names: list, round_index: int) -> list:
+    """`names` rotated left by `round_index`: each round of a benchmark starts with the next
+    configuration, so none is always measured first (or last) after the others."""
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
+
+
 def machine_note() -> dict:
     load = os.getloadavg()
     return {

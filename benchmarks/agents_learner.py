@@ -37,6 +37,7 @@ from agents_common import (
     ReplayServerProcess,
     fill_random_episodes,
     fixed_batch_input_fn,
+    rotated,
     write_result,
 )
 
@@ -188,8 +189,7 @@ def main() -> None:
             breakdown = {"input_pipeline": [], "forward_backward": []}
             keys = list(learners)
             for r in range(args.rounds):
-                order = keys[r % len(keys) :] + keys[: r % len(keys)]
-                for key in order:
+                for key in rotated(keys, r):
                     calls = max(3, int(args.seconds / (probe * key[1])))
                     wall, cpu_s = _cpu_and_wall(learners[key].step, calls)
                     rates[key].append(key[1] / wall)

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # The repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # agents_common.
 
-from agents_common import fixed_batch_input_fn, write_result
+from agents_common import fixed_batch_input_fn, rotated, write_result
 from agents_learner import _cpu_and_wall
 
 TASK = "cartpole:swingup"
@@ -115,10 +115,7 @@ def main() -> None:
             losses.categorical_l2_project = project
             try:
                 learner = D4PGLearner(
-                    config,
-                    spec,
-                    repl,
-                    lambda ctx, c=config: fixed_batch_input_fn(c, obs_dim, act_dim, seed=0)(ctx),
+                    config, spec, repl, fixed_batch_input_fn(config, obs_dim, act_dim, seed=0)
                 )
                 learner.step()
             finally:
@@ -131,8 +128,7 @@ def main() -> None:
     updates_per_s = {key: [] for key in learners}
     keys = list(loops)
     for r in range(args.rounds):
-        order = keys[r % len(keys) :] + keys[: r % len(keys)]
-        for key in order:
+        for key in rotated(keys, r):
             calls = max(3, int(args.seconds / probe_projection))
             per_call = _cpu_and_wall(loops[key], calls)[1]
             projection_us[key].append(per_call / CALLS_PER_COMPILED_LOOP * 1e6)

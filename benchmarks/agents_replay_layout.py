@@ -32,14 +32,11 @@ from agents_common import (
     ReplayServerProcess,
     fill_random_episodes,
     fixed_batch_input_fn,
+    rotated,
     write_result,
 )
 
 TASK = "cartpole:swingup"
-
-
-def _rotated(names: list[str], r: int) -> list[str]:
-    return names[r % len(names) :] + names[: r % len(names)]
 
 
 def _rounds(measure, names: list[str], rounds: int, loads: list, label: str) -> tuple:
@@ -48,7 +45,7 @@ def _rounds(measure, names: list[str], rounds: int, loads: list, label: str) -> 
     wall: dict = {name: [] for name in names}
     cpu: dict = {name: [] for name in names}
     for r in range(rounds):
-        for name in _rotated(names, r):
+        for name in rotated(names, r):
             w, c = measure(name)
             wall[name].append(w)
             cpu[name].append(c)
