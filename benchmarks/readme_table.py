@@ -822,6 +822,41 @@ ROWS: tuple[Row, ...] = (
         "the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_rerun_b937653.json",
+        "`agents_learning_suite --tasks ball_in_cup:catch,cartpole:swingup,cheetah:run` beside "
+        "`--tasks finger:spin,reacher:easy,walker:walk`, `--seeds 0,1,2,3,4,5`, at b937653: "
+        "today's default again, with the two learner changes made since the suite table's "
+        "runs and not measured on the suite, each of the same maths by its tests (the "
+        "categorical projection as a scatter, b6f22dc; the pool reading sampled rows, "
+        "30859bf), two runs at a time on a faster machine (a run took ~3 minutes): mean "
+        "eval return vs the suite table's runs on the same seeds, and the runs that "
+        "collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_walker_100k_7ad8725.json",
+        "`agents_learning_suite --tasks walker:walk --seeds 4,3` then `--seeds 5,6,7,8 --steps 100000 "
+        "--launch-flag=--config.lr_decay_updates=100000`, at 7ad8725 (before the scatter projection and the pooled rows): "
+        "walker:walk to 100k actor steps with the 200k runs' rate schedule (held to update "
+        "50,000), beside the other commits' runs, to place the re-run's walker:walk: mean "
+        "eval return vs the suite table's runs on the same seeds, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_walker_100k_726a367.json",
+        "`agents_learning_suite --tasks walker:walk --seeds 4,3 --steps 100000 "
+        "--launch-flag=--config.lr_decay_updates=100000`, at 726a367 (with the scatter projection, before the pooled rows): "
+        "walker:walk to 100k actor steps with the 200k runs' rate schedule (held to update "
+        "50,000), beside the other commits' runs, to place the re-run's walker:walk: mean "
+        "eval return vs the suite table's runs on the same seeds, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_walker_100k_b937653.json",
+        "`agents_learning_suite --tasks walker:walk --seeds 5,6,7,8 --steps 100000 "
+        "--launch-flag=--config.lr_decay_updates=100000`, at b937653 (today's default): "
+        "walker:walk to 100k actor steps with the 200k runs' rate schedule (held to update "
+        "50,000), beside the other commits' runs, to place the re-run's walker:walk: mean "
+        "eval return vs the suite table's runs on the same seeds, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_normalize_observations.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch,finger:spin` beside "
         "`--tasks cartpole:swingup,cheetah:run,walker:walk`, `--seeds 0,1,2 "
