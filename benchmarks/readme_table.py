@@ -841,6 +841,15 @@ ROWS: tuple[Row, ...] = (
         "eval return vs the suite table's runs on the same seeds, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_walker_100k_7ece93e.json",
+        "`agents_learning_suite --tasks walker:walk --seeds 3,5` beside `--seeds 4,6`, "
+        "`--steps 100000 --launch-flag=--config.lr_decay_updates=100000`, at 7ece93e (the "
+        "suite table's own agent) on the machine of the re-run: "
+        "walker:walk to 100k actor steps with the 200k runs' rate schedule (held to update "
+        "50,000), beside the other commits' runs, to place the re-run's walker:walk: mean "
+        "eval return vs the suite table's runs on the same seeds, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_walker_100k_726a367.json",
         "`agents_learning_suite --tasks walker:walk --seeds 4,3 --steps 100000 "
         "--launch-flag=--config.lr_decay_updates=100000`, at 726a367 (with the scatter projection, before the pooled rows): "
