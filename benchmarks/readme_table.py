@@ -245,6 +245,20 @@ def _vs_suite_row(result: str, what: str) -> Row:
     )
 
 
+def _walker_100k_row(commit: str, seeds: str, which: str) -> Row:
+    """The row of walker:walk runs to 100k actor steps at `commit` (`which` says what it
+    holds), with the 200k runs' rate schedule, set against the suite table's runs."""
+    return _vs_suite_row(
+        f"agents_learning_suite_walker_100k_{commit}.json",
+        "`agents_learning_suite --tasks walker:walk --steps 100000 "
+        f"--launch-flag=--config.lr_decay_updates=100000` with {seeds}, at {commit} "
+        f"({which}): walker:walk to 100k actor steps with the 200k runs' rate schedule (held "
+        "to update 50,000), beside the other commits' runs, to place the re-run's "
+        "walker:walk: mean eval return vs the suite table's runs on the same seeds, 10 "
+        "episodes per evaluation",
+    )
+
+
 def _vs_decay_from_start_row(result: str, what: str) -> Row:
     """The row of a candidate's suite runs against the decay-from-start preset's suite
     runs (the suite table until 2026-12-05) of its seeds."""
@@ -832,39 +846,20 @@ ROWS: tuple[Row, ...] = (
         "eval return vs the suite table's runs on the same seeds, and the runs that "
         "collapsed, 10 episodes per evaluation",
     ),
-    _vs_suite_row(
-        "agents_learning_suite_walker_100k_7ad8725.json",
-        "`agents_learning_suite --tasks walker:walk --seeds 4,3` then `--seeds 5,6,7,8 --steps 100000 "
-        "--launch-flag=--config.lr_decay_updates=100000`, at 7ad8725 (before the scatter projection and the pooled rows): "
-        "walker:walk to 100k actor steps with the 200k runs' rate schedule (held to update "
-        "50,000), beside the other commits' runs, to place the re-run's walker:walk: mean "
-        "eval return vs the suite table's runs on the same seeds, 10 episodes per evaluation",
+    _walker_100k_row(
+        "7ad8725",
+        "`--seeds 4,3`, then `--seeds 5,6,7,8`",
+        "before the scatter projection and the pooled rows",
     ),
-    _vs_suite_row(
-        "agents_learning_suite_walker_100k_7ece93e.json",
-        "`agents_learning_suite --tasks walker:walk --seeds 3,5` beside `--seeds 4,6`, "
-        "`--steps 100000 --launch-flag=--config.lr_decay_updates=100000`, at 7ece93e (the "
-        "suite table's own agent) on the machine of the re-run: "
-        "walker:walk to 100k actor steps with the 200k runs' rate schedule (held to update "
-        "50,000), beside the other commits' runs, to place the re-run's walker:walk: mean "
-        "eval return vs the suite table's runs on the same seeds, 10 episodes per evaluation",
+    _walker_100k_row(
+        "7ece93e",
+        "`--seeds 3,5` beside `--seeds 4,6`",
+        "the suite table's own agent, on the machine of the re-run",
     ),
-    _vs_suite_row(
-        "agents_learning_suite_walker_100k_726a367.json",
-        "`agents_learning_suite --tasks walker:walk --seeds 4,3 --steps 100000 "
-        "--launch-flag=--config.lr_decay_updates=100000`, at 726a367 (with the scatter projection, before the pooled rows): "
-        "walker:walk to 100k actor steps with the 200k runs' rate schedule (held to update "
-        "50,000), beside the other commits' runs, to place the re-run's walker:walk: mean "
-        "eval return vs the suite table's runs on the same seeds, 10 episodes per evaluation",
+    _walker_100k_row(
+        "726a367", "`--seeds 4,3`", "with the scatter projection, before the pooled rows"
     ),
-    _vs_suite_row(
-        "agents_learning_suite_walker_100k_b937653.json",
-        "`agents_learning_suite --tasks walker:walk --seeds 5,6,7,8 --steps 100000 "
-        "--launch-flag=--config.lr_decay_updates=100000`, at b937653 (today's default): "
-        "walker:walk to 100k actor steps with the 200k runs' rate schedule (held to update "
-        "50,000), beside the other commits' runs, to place the re-run's walker:walk: mean "
-        "eval return vs the suite table's runs on the same seeds, 10 episodes per evaluation",
-    ),
+    _walker_100k_row("b937653", "`--seeds 5,6,7,8`", "today's default"),
     _vs_suite_row(
         "agents_learning_suite_normalize_observations.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch,finger:spin` beside "
