@@ -13,6 +13,9 @@ from collections.abc import Mapping, Sequence
 import sonnet as snt
 import tensorflow as tf
 from sonnet.src.optimizers import optimizer_utils
+from tensorflow.python.distribute import multi_worker_util
+from tensorflow.python.eager import context as tf_context
+from tensorflow.tsl.protobuf import coordination_config_pb2
 
 from replication import deployments
 from replication.deployments import Deployment
@@ -27,6 +30,7 @@ def make(
     task_index: int | None = None,
     cluster: Mapping[str, Sequence[str]] | None = None,
     collective_timeout: float | None = None,
+    heartbeat_timeout: float = 60.0,
 ) -> Replicator:
     """Builds a Replicator for `spec` (see `replication.deployments` for the forms).
 
@@ -45,6 +49,15 @@ def make(
         of threads and aborts; a dead peer still surfaces through its failed gRPC
         connection, and process supervision (`launch`) restarts the group. Set it for
         short jobs that must never wait on a peer.
+      heartbeat_timeout: for "multiworker": seconds a worker may go without a
+        heartbeat to TensorFlow's coordination service before the service declares it
+        failed and aborts every collective of the group. TensorFlow's own default is
+        10 s, which a worker that is merely slow can miss: on 2 loaded cores a group
+        just restarted from its checkpoint was aborted that way, and a worker paused
+        for 20 s (SIGSTOP) is declared failed, while with 60 s the group finishes
+        (tests/replication/test_multiworker.py). A killed peer is still seen at once,
+        by its closed connections; only a peer that stops answering (a frozen process,
+        a lost machine) takes this long to be noticed.
 
     Raises:
       DeploymentSpecError: unknown spec (the message lists the valid forms).
@@ -57,7 +70,9 @@ def make(
     if deployment.kind == "gpu":
         return _make_gpu(deployment)
     if deployment.kind == "multiworker":
-        return _make_multiworker(deployment, workers, task_index, collective_timeout)
+        return _make_multiworker(
+            deployment, workers, task_index, collective_timeout, heartbeat_timeout
+        )
     if deployment.kind == "tpu":
         return _make_tpu(deployment)
     return _make_parameter_server(deployment, cluster)
@@ -132,7 +147,10 @@ def _make_multiworker(
     workers: Sequence[str] | None,
     task_index: int | None,
     timeout: float | None,
+    heartbeat_timeout: float,
 ) -> Replicator:
+    if heartbeat_timeout <= 0:
+        raise ValueError(f"heartbeat_timeout must be positive seconds, got {heartbeat_timeout!r}.")
     if workers is not None:
         if task_index is None or not 0 <= task_index < len(workers):
             raise ValueError(
@@ -155,11 +173,39 @@ def _make_multiworker(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING,
         timeout_seconds=timeout,
     )
+    _configure_coordination_service(resolver, heartbeat_timeout)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver, communication_options=options
     )
     _allow_sonnet_optimizers(type(strategy))
     return Replicator(strategy, deployment)
+
+
+def _configure_coordination_service(resolver, heartbeat_timeout: float) -> None:
+    """What `MultiWorkerMirroredStrategy` configures for its coordination service, with
+    our heartbeat timeout: the strategy keeps a service configured before it, and
+    TensorFlow 2.15 offers no public option for the timeout.
+
+    Only chief and worker tasks are coordinated (the strategy's own rule); the leader
+    is the one the strategy would pick.
+    """
+    cluster_spec = resolver.cluster_spec()
+    coordinated = ("chief", "worker")
+    if (
+        resolver.task_type not in coordinated
+        or tf_context.context().coordination_service is not None
+    ):
+        return
+    tf_context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        heartbeat_timeout_in_ms=int(heartbeat_timeout * 1000),
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in coordinated
+            if job in cluster_spec.jobs
+        ],
+    )
 
 
 def _make_tpu(deployment: Deployment) -> Replicator:

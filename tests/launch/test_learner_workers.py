@@ -117,7 +117,7 @@ def _files(root):
 
 def test_local_learner_group_steps_writes_from_the_chief_and_restarts_together(tmp_path):
     run_dir = str(tmp_path / "run")
-    program = s.tiny_program(num_actors=2, checkpoint_every_steps=40, learner_workers=2)
+    program = s.tiny_program(num_actors=1, checkpoint_every_steps=40, learner_workers=2)
     assert [n.name for n in program.nodes if n.group == "learner"] == ["learner", "learner_1"]
     # Only the chief saves: a worker killed at its stop deadline does not fail the exit status.
     assert [n.stateless for n in program.nodes if n.group == "learner"] == [False, True]

@@ -3,10 +3,13 @@
 Usage: python multiworker_program.py TASK_INDEX OUT.npz HOST:PORT HOST:PORT
 Trains the shared toy regression for a few steps with per-worker batch 4 and
 writes the final parameters and one cross-worker all-reduce to OUT.npz.
+With MORE_STEPS=N in the environment it then makes N more steps, 0.25 s apart (a window
+in which the test may pause a worker), and prints "finished N more steps".
 """
 
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -56,6 +59,13 @@ def main() -> None:
         replicas=repl.num_replicas,
         **{f"param{i}": v.numpy() for i, v in enumerate(model.trainable_variables)},
     )
+    more = int(os.environ.get("MORE_STEPS", "0"))
+    if more:
+        repeated = iter(repl.distribute(lambda ctx: input_fn(ctx).repeat()))
+        for _ in range(more):
+            step(repeated)
+            time.sleep(0.25)
+        print(f"finished {more} more steps", flush=True)
 
 
 if __name__ == "__main__":

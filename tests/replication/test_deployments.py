@@ -68,6 +68,12 @@ def test_multiworker_without_cluster_is_a_clear_error(monkeypatch):
         replication.make("multiworker")
 
 
+def test_a_multiworker_heartbeat_timeout_must_be_positive():
+    # Checked before any cluster is contacted: nothing listens on this address.
+    with pytest.raises(ValueError, match="heartbeat_timeout"):
+        replication.make("multiworker", workers=["localhost:1"], task_index=0, heartbeat_timeout=0)
+
+
 def test_replicas_share_one_process():
     assert replication.make("cpu:2").num_replicas == 2
     assert replication.make("cpu:4").num_replicas == 4

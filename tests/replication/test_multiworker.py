@@ -1,7 +1,10 @@
 """Two worker processes on localhost form one replicated computation."""
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,29 +29,38 @@ def single_process_reference():
     return losses, [v.numpy() for v in model.trainable_variables]
 
 
-def test_two_workers_match_one_process_with_the_global_batch(tmp_path):
+def _start_workers(outputs, **env):
     workers = [f"localhost:{free_port()}", f"localhost:{free_port()}"]
-    outputs = [tmp_path / f"worker{i}.npz" for i in range(2)]
-    processes = [
+    return [
         subprocess.Popen(
             [sys.executable, str(PROGRAM), str(i), str(outputs[i]), *workers],
-            env=python_env(),
+            env=python_env(**env),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
         for i in range(2)
     ]
+
+
+def _finish(processes, timeout=240) -> list[str]:
+    """Each worker's output, once both have exited (killed after `timeout`)."""
     logs = []
     try:
         for process in processes:
-            logs.append(process.communicate(timeout=240)[0])
+            logs.append(process.communicate(timeout=timeout)[0])
     finally:
         for process in processes:
             if process.poll() is None:
                 process.kill()
                 process.wait()
     assert [p.returncode for p in processes] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    return logs
+
+
+def test_two_workers_match_one_process_with_the_global_batch(tmp_path):
+    outputs = [tmp_path / f"worker{i}.npz" for i in range(2)]
+    _finish(_start_workers(outputs))
 
     ref_losses, ref_params = single_process_reference()
     for output in outputs:
@@ -58,3 +70,22 @@ def test_two_workers_match_one_process_with_the_global_batch(tmp_path):
         np.testing.assert_allclose(result["losses"], ref_losses, rtol=1e-5)
         for i, reference in enumerate(ref_params):
             np.testing.assert_allclose(result[f"param{i}"], reference, rtol=1e-5, atol=1e-6)
+
+
+def test_a_worker_paused_for_20_seconds_does_not_fail_the_group(tmp_path):
+    # A loaded machine can starve a worker of its heartbeats for longer than TensorFlow's
+    # default 10 s; the coordination service then aborts the whole group. `make` gives
+    # the service 60 s, so a worker frozen for 20 s mid-training only delays its peer.
+    outputs = [tmp_path / f"worker{i}.npz" for i in range(2)]
+    processes = _start_workers(outputs, MORE_STEPS="40")
+    try:
+        deadline = time.monotonic() + 180
+        while not outputs[1].exists():  # Written before the 40 more steps.
+            assert time.monotonic() < deadline and processes[1].poll() is None, "no output"
+            time.sleep(0.2)
+        os.kill(processes[1].pid, signal.SIGSTOP)
+        time.sleep(20)
+    finally:
+        os.kill(processes[1].pid, signal.SIGCONT)
+    logs = _finish(processes)
+    assert all("finished 40 more steps" in log for log in logs), logs[0][-3000:]
