@@ -846,6 +846,14 @@ ROWS: tuple[Row, ...] = (
         "eval return vs the suite table's runs on the same seeds, and the runs that "
         "collapsed, 10 episodes per evaluation",
     ),
+    _vs_suite_row(
+        "agents_learning_suite_walker_rerun_2054791.json",
+        "`agents_learning_suite --tasks walker:walk --seeds 6,7,8,9,10,11`, at 2054791 (the "
+        "agent of b937653), one run at a time beside other launches: today's default on "
+        "the seeds the re-run above did not cover, on its machine: mean eval return vs the "
+        "suite table's runs on the same seeds, and the runs that collapsed, 10 episodes per "
+        "evaluation",
+    ),
     _walker_100k_row(
         "7ad8725",
         "`--seeds 4,3`, then `--seeds 5,6,7,8`",
