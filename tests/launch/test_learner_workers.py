@@ -205,9 +205,10 @@ def test_a_learner_group_blocked_without_deadline_restarts_from_the_stall_watchd
 ):
     # Issue 18, item 3. A group's workers sample without a deadline and TF 2.15's
     # collectives have none; TF's coordination service aborts them only when a peer stops
-    # answering (a SIGSTOPped worker: seen here at ~40 s). Here every process answers but
-    # the group waits for ever: the replay hangs (SIGSTOP). The workers' heartbeats stop,
-    # the watchdog restarts the group, and once the replay runs again it steps again.
+    # answering (a SIGSTOPped worker, after the 60 s heartbeat timeout `replication.make`
+    # sets). Here every process answers but the group waits for ever: the replay hangs
+    # (SIGSTOP). The workers' heartbeats stop, the watchdog restarts the group, and once
+    # the replay runs again it steps again.
     run_dir = str(tmp_path / "run")
     program = s.tiny_program(
         num_actors=1,

@@ -84,8 +84,14 @@ def test_a_worker_paused_for_20_seconds_does_not_fail_the_group(tmp_path):
             assert time.monotonic() < deadline and processes[1].poll() is None, "no output"
             time.sleep(0.2)
         os.kill(processes[1].pid, signal.SIGSTOP)
-        time.sleep(20)
-    finally:
-        os.kill(processes[1].pid, signal.SIGCONT)
+        try:
+            time.sleep(20)
+        finally:
+            os.kill(processes[1].pid, signal.SIGCONT)
+    except BaseException:
+        for process in processes:
+            process.kill()
+            process.wait()
+        raise
     logs = _finish(processes)
     assert all("finished 40 more steps" in log for log in logs), logs[0][-3000:]
