@@ -847,6 +847,15 @@ ROWS: tuple[Row, ...] = (
         "collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_rerun_reacher_ball_seeds6-11.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 6,7,8,9,10,11` beside `--tasks "
+        "ball_in_cup:catch` with the same seeds, at 2054791 (the agent of b937653), two runs "
+        "at a time: today's default on the seeds the re-run above did not cover, on its "
+        "machine, for the two tasks nearest the best of five at 200k: mean eval return vs "
+        "the suite table's runs on the same seeds, and the runs that collapsed, 10 episodes "
+        "per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_walker_rerun_2054791.json",
         "`agents_learning_suite --tasks walker:walk --seeds 6,7,8,9,10,11`, at 2054791 (the "
         "agent of b937653), one run at a time beside other launches: today's default on "
