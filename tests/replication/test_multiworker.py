@@ -43,17 +43,21 @@ def _start_workers(outputs, **env):
     ]
 
 
-def _finish(processes, timeout=240) -> list[str]:
-    """Each worker's output, once both have exited (killed after `timeout`)."""
+def _kill_running(processes) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _finish(processes) -> list[str]:
+    """Each worker's output, once both have exited (killed after 240 s)."""
     logs = []
     try:
         for process in processes:
-            logs.append(process.communicate(timeout=timeout)[0])
+            logs.append(process.communicate(timeout=240)[0])
     finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        _kill_running(processes)
     assert [p.returncode for p in processes] == [0, 0], "\n".join(log[-3000:] for log in logs)
     return logs
 
@@ -89,9 +93,7 @@ def test_a_worker_paused_for_20_seconds_does_not_fail_the_group(tmp_path):
         finally:
             os.kill(processes[1].pid, signal.SIGCONT)
     except BaseException:
-        for process in processes:
-            process.kill()
-            process.wait()
+        _kill_running(processes)
         raise
     logs = _finish(processes)
     assert all("finished 40 more steps" in log for log in logs), logs[0][-3000:]
