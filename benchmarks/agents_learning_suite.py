@@ -125,7 +125,12 @@ def run_one(task: str, seed: int, steps: int, timeout_s: float, keep: bool, extr
         "noisy": load_before[0] > OWN_LOAD + (os.cpu_count() or 1),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
         # The defaults change as they are tuned: keep the ones this run got.
-        "quick_preset": dict(d4pg_program.PRESETS["quick"]),
+        "quick_preset": {
+            **d4pg_program.PRESETS["quick"],
+            **d4pg_program.preset_task_values(
+                "quick", task, "--config.from_pixels=true" in extra_flags
+            ),
+        },
         "run_config": run_config,
     }
     if not keep:

@@ -1042,6 +1042,23 @@ ROWS: tuple[Row, ...] = (
         "row above: mean eval return vs the suite table's runs on the same seeds, and the runs "
         "that collapsed, 10 episodes per evaluation",
     ),
+    Row(
+        "agents_learning_suite_finger_critic256_spi128.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, "
+        "`--launch-flag=--config.critic_layers=256,256 "
+        "--launch-flag=--config.samples_per_insert=128`, at 2054791 (the agent of d639632), "
+        "stopped after two seeds (lower on one, higher on the other, at 2x the cost): four "
+        "times the preset's replay ratio with the 256-256 critic, i.e. twice the preset's "
+        "finger:spin values (~19 min per run, two at a time): mean eval return vs the "
+        "runs with those values (`agents_learning_suite_finger_critic256_spi64.json`) on the "
+        "same seeds, and the runs that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={
+            "tasks": lambda d: _candidate_vs_default_text(
+                d, "agents_learning_suite_finger_critic256_spi64.json", collapses=True
+            )
+        },
+    ),
     _vs_suite_row(
         "agents_learning_suite_lr_final_0.03.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
@@ -1826,8 +1843,40 @@ def _seeds_text(count: int) -> str:
     return f" ({count} seed{'' if count == 1 else 's'})"
 
 
+# Tasks for which the quick preset adds values of its own (`PRESET_TASK_VALUES` in
+# launch/d4pg/program.py): the suite runs with those values, a row under the preset's.
+SUITE_TASK_VALUE_RESULTS = {
+    "finger:spin": "agents_learning_suite_finger_critic256_spi64.json",
+}
+
+
+def _suite_row(label: str, summary: Mapping[str, Any], long_summary, columns) -> str:
+    """One task's row of the suite table (`render_suite`)."""
+    at_500k = long_summary["at_steps"].get("500000") if long_summary else None
+    cells = [
+        label,
+        ", ".join(map(str, summary["seeds"])),
+        *(_suite_cell(summary["at_steps"].get(c), int(c)) for c in columns),
+        (
+            _suite_cell(at_500k, 500_000)
+            + _seeds_text(len(long_summary["seeds"]))
+            + f"; collapses {long_summary['runs_collapsed']} of {len(long_summary['seeds'])}"
+        )
+        if at_500k and long_summary
+        else "-",
+        _suite_threshold(
+            summary["to_d4pg_reference_return_at"].get("200000"),
+            summary["budget_actor_steps"],
+        ),
+        f"{summary['wall_s']['mean'] / 60:.1f}",
+        f"{summary['runs_collapsed']} of {len(summary['seeds'])}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
 def render_suite(results: Path = RESULTS) -> str:
-    """The learning suite's block: per task, returns at equal steps beside the references."""
+    """The learning suite's block: per task, returns at equal steps beside the references;
+    a task with the preset's own values for it gets a second row, run with them."""
     data = json.loads((results / SUITE_RESULT).read_text(encoding="utf-8"))
     long_path = results / SUITE_LONG_RESULT
     long = json.loads(long_path.read_text(encoding="utf-8")) if long_path.exists() else None
@@ -1840,28 +1889,23 @@ def render_suite(results: Path = RESULTS) -> str:
         " | minutes per run | collapses |",
         "| --- " * (len(columns) + 6) + "|",
     ]
+    task_rows = {}
     for task, summary in sorted(data["summary"].items()):
         long_summary = long["summary"].get(task) if long else None
-        at_500k = long_summary["at_steps"].get("500000") if long_summary else None
-        cells = [
-            f"`{task}`",
-            ", ".join(map(str, summary["seeds"])),
-            *(_suite_cell(summary["at_steps"].get(c), int(c)) for c in columns),
-            (
-                _suite_cell(at_500k, 500_000)
-                + _seeds_text(len(long_summary["seeds"]))
-                + f"; collapses {long_summary['runs_collapsed']} of {len(long_summary['seeds'])}"
+        own = SUITE_TASK_VALUE_RESULTS.get(task)
+        label = f"`{task}`" + (", without the preset's values for it" if own else "")
+        lines.append(_suite_row(label, summary, long_summary, columns))
+        if own:
+            with_values = json.loads((results / own).read_text(encoding="utf-8"))
+            task_rows[task] = (own, with_values)
+            lines.append(
+                _suite_row(
+                    f"`{task}`, the default: with the preset's values for it",
+                    with_values["summary"][task],
+                    None,
+                    columns,
+                )
             )
-            if at_500k and long_summary
-            else "-",
-            _suite_threshold(
-                summary["to_d4pg_reference_return_at"].get("200000"),
-                summary["budget_actor_steps"],
-            ),
-            f"{summary['wall_s']['mean'] / 60:.1f}",
-            f"{summary['runs_collapsed']} of {len(summary['seeds'])}",
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
     presets = {
         _run_preset_summary(run) for by_seed in data["runs"].values() for run in by_seed.values()
     }
@@ -1876,6 +1920,15 @@ def render_suite(results: Path = RESULTS) -> str:
         + "; ".join(sorted(presets))
         + "."
     )
+    for task, (name, with_values) in task_rows.items():
+        flags = sorted(
+            {f for run in with_values["runs"][task].values() for f in run["launch_flags"]}
+        )
+        lines[-1] += (
+            f" `{task}`'s second row: its runs in `benchmarks/results/{name}`, with "
+            + " ".join(f"`{f}`" for f in flags)
+            + " (the quick preset's values for the task since 2026-12-07)."
+        )
     if long:
         long_presets = {
             _run_preset_summary(run)

@@ -322,23 +322,6 @@ def resolve(raw_args, overrides: dict[str, str]):
         )
 
     saved = run_dir.read_identity() if run_dir else None
-
-    try:
-        preset = None
-        if saved is not None and saved.get("program") == "d4pg" and args.preset is None:
-            base = D4PGConfig.from_saved(saved.get("config", {}))  # Resume: the run's own settings.
-        else:
-            preset = args.preset or "quick"
-            base = D4PGConfig.from_overrides(d4pg_program.PRESETS[preset])
-        config = D4PGConfig.from_overrides(overrides, base=base)
-        decays_over_budget = preset in d4pg_program.LR_DECAY_OVER_BUDGET_PRESETS
-        if decays_over_budget and "lr_decay_updates" not in overrides:
-            # The preset's rates decay over this run's budget; a resume reads it back.
-            span = d4pg_program.updates_in_budget(config, args.steps)
-            config = D4PGConfig.from_overrides({"lr_decay_updates": span}, base=config)
-    except ValueError as e:
-        raise LaunchError(f"{e}. Set keys as --config.KEY=VALUE.") from None
-
     task = args.env or (saved or {}).get("task") or d4pg_program.D4PGProgramSettings().task
     import environments  # pylint: disable=import-outside-toplevel
 
@@ -346,6 +329,31 @@ def resolve(raw_args, overrides: dict[str, str]):
         environments.parse_task_name(task)
     except environments.UnknownTaskError as e:
         raise LaunchError(str(e)) from None
+
+    try:
+        preset = None
+        args.preset_task_values = {}
+        if saved is not None and saved.get("program") == "d4pg" and args.preset is None:
+            base = D4PGConfig.from_saved(saved.get("config", {}))  # Resume: the run's own settings.
+        else:
+            preset = args.preset or "quick"
+            base = D4PGConfig.from_overrides(d4pg_program.PRESETS[preset])
+        config = D4PGConfig.from_overrides(overrides, base=base)
+        # The preset's values for this task (features only) sit under the user's overrides.
+        task_values = (
+            d4pg_program.preset_task_values(preset, task, config.from_pixels) if preset else {}
+        )
+        if task_values:
+            base = D4PGConfig.from_overrides(task_values, base=base)
+            config = D4PGConfig.from_overrides(overrides, base=base)
+            args.preset_task_values = {k: v for k, v in task_values.items() if k not in overrides}
+        decays_over_budget = preset in d4pg_program.LR_DECAY_OVER_BUDGET_PRESETS
+        if decays_over_budget and "lr_decay_updates" not in overrides:
+            # The preset's rates decay over this run's budget; a resume reads it back.
+            span = d4pg_program.updates_in_budget(config, args.steps)
+            config = D4PGConfig.from_overrides({"lr_decay_updates": span}, base=config)
+    except ValueError as e:
+        raise LaunchError(f"{e}. Set keys as --config.KEY=VALUE.") from None
 
     learner_gpus, ray_resources, replicas = check_learner(args, config)
     config = pin_replay_layout(config, replicas)

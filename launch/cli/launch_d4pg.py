@@ -11,7 +11,7 @@ import argparse
 import os
 
 from launch.cli import d4pg_flags, quiet, run_settings
-from launch.cli.common import PROG, Parser
+from launch.cli.common import PROG, Parser, flag_value
 from launch.runtime.errors import EXIT_INTERRUPTED, EXIT_NODE_FAILED, LaunchError
 
 # A relaunch waits this long for nodes of a killed launch still saving in the run dir (a
@@ -93,6 +93,16 @@ def run(raw_args: argparse.Namespace) -> int:
             f"{args.backend}, budget {args.steps:,} actor steps"
             + (f" ({int(done):,} done)" if done else "")
         )
+        if args.preset_task_values:
+            print(
+                f"The preset's values for {settings.task}: "
+                + ", ".join(
+                    f"--config.{k}={flag_value(v)}"
+                    for k, v in sorted(args.preset_task_values.items())
+                )
+                + " (learns it faster per actor step, docs/d4pg.md; override any with "
+                "--config.KEY=VALUE)"
+            )
         if resuming and given:
             print(
                 "Overriding the run's settings: " + ", ".join(f"{k}={v}" for k, v in given.items())

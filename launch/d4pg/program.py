@@ -100,6 +100,29 @@ PRESETS: dict[str, dict[str, Any]] = {
         "lr_decay_start_fraction": 0.5,
     },
 }
+# Values a preset adds for one task, on feature observations (pixels keep the preset):
+# chosen on the learning suite at equal actor steps, where the preset trails the
+# references by most. finger:spin, the suite's hardest exploration task for it: a 256-256
+# critic and 64 samples per insert (one learner update per actor step) raised the mean
+# eval return over twelve seeds from 494 to 685 at 100k actor steps and from 681 to 786
+# at 200k, nine seeds higher and no collapse (benchmarks/results/
+# agents_learning_suite_finger_critic256_spi64.json; docs/d4pg.md, "Per-task values").
+# It costs ~2.6x the wall time per actor step: the learner makes twice the updates, each
+# on a wider critic. --config.KEY=VALUE still overrides either value.
+PRESET_TASK_VALUES: dict[str, dict[str, dict[str, Any]]] = {
+    "quick": {
+        "finger:spin": {"critic_layers": (256, 256), "samples_per_insert": 64.0},
+    },
+}
+
+
+def preset_task_values(preset: str, task: str, from_pixels: bool) -> dict[str, Any]:
+    """What `preset` adds for `task` (empty for most tasks, and always for pixels)."""
+    if from_pixels:
+        return {}
+    return dict(PRESET_TASK_VALUES.get(preset, {}).get(task, {}))
+
+
 # Presets whose learning rates decay over the run's budget: a new run without
 # --config.lr_decay_updates gets the learner updates its --steps bring
 # (`updates_in_budget`), stored with the run. A fixed span fitted one budget only: decaying

@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 
+from agents.d4pg.config import D4PGConfig
 from benchmarks import readme_table, vision_sngan_batches
 
 pytestmark = pytest.mark.timeout(60)
@@ -123,6 +124,21 @@ def test_the_suite_note_names_a_learning_rate_decay_from_the_preset_or_a_flag():
     assert "held for 50,000 learner updates, then decaying linearly to x0.1 by update 100,000" in (
         held
     )
+
+
+def test_the_suite_rows_of_a_presets_task_values_ran_with_todays_values():
+    """A task's second suite row must show runs of the values the preset now gives it."""
+    from launch.d4pg import program as d4pg_program  # pylint: disable=import-outside-toplevel
+
+    assert set(readme_table.SUITE_TASK_VALUE_RESULTS) == set(
+        d4pg_program.PRESET_TASK_VALUES["quick"]
+    )
+    for task, name in readme_table.SUITE_TASK_VALUE_RESULTS.items():
+        values = d4pg_program.preset_task_values("quick", task, from_pixels=False)
+        runs = json.loads((readme_table.RESULTS / name).read_text())["runs"][task]
+        for seed, run in runs.items():
+            stored = D4PGConfig.from_dict(run["run_config"])
+            assert {k: getattr(stored, k) for k in values} == values, (task, seed)
 
 
 def test_a_suite_run_is_summarised_by_the_config_it_stored_before_its_preset_and_flags():

@@ -328,6 +328,30 @@ def test_show_config_prints_effective_flags(capsys):
     assert "--config.lr_decay_start_fraction=0.0" in paper
 
 
+def test_finger_spin_gets_the_presets_task_values_under_the_users_flags(capsys):
+    """The quick preset's finger:spin values apply on features, under --config flags."""
+
+    def shown(*flags: str) -> list[str]:
+        assert cli.main(["launch", "d4pg", "--show-config", *flags]) == 0
+        return capsys.readouterr().out.split()
+
+    finger = shown("--env", "finger:spin")
+    assert "--config.critic_layers=256,256" in finger
+    assert "--config.samples_per_insert=64.0" in finger
+    assert "--config.lr_decay_updates=100000" in finger  # Its own updates in the budget.
+    overridden = shown("--env", "finger:spin", "--config.samples_per_insert=32")
+    assert "--config.samples_per_insert=32.0" in overridden
+    assert "--config.critic_layers=256,256" in overridden  # The other value stays.
+    for flags in (
+        ("--env", "cheetah:run"),
+        ("--env", "finger:spin", "--config.from_pixels=true"),
+        ("--env", "finger:spin", "--preset", "paper"),
+    ):
+        lines = shown(*flags)
+        assert "--config.samples_per_insert=32.0" in lines, flags
+        assert "--config.critic_layers=256,256" not in lines, flags
+
+
 def test_gpu_spec_without_gpus(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # No GPU, whatever the machine has.
     for spec in ("gpu", "gpu:1"):

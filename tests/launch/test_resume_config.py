@@ -143,3 +143,18 @@ def test_a_resumed_run_keeps_the_decay_span_it_started_with(tmp_path):
     run_dir = _old_run(tmp_path, lr_decay_updates=50_000, lr_final_scale=0.1)
     _, config, _, _, resuming, _, _ = _resolve(run_dir, "--steps", "300000")
     assert resuming and config.lr_decay_updates == 50_000
+
+
+def test_a_finger_run_resumes_with_its_own_critic_not_todays_task_values(tmp_path):
+    """A run stored before the preset's finger:spin values keeps its config on resume."""
+    quick = D4PGConfig.from_overrides(d4pg_program.PRESETS["quick"])
+    config = quick.with_pinned_layout().to_dict()
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    identity = {**d4pg_program.identity("finger:spin", config), "launches": 1}
+    with open(os.path.join(run_dir, "run.json"), "w", encoding="utf-8") as f:
+        json.dump(identity, f)
+    _, resumed, *_ = _resolve(run_dir)
+    assert resumed.critic_layers == (128, 128) and resumed.samples_per_insert == 32.0
+    _, fresh, *_ = _resolve(str(tmp_path / "new"), "--env", "finger:spin")
+    assert fresh.critic_layers == (256, 256) and fresh.samples_per_insert == 64.0
