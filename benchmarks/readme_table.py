@@ -140,6 +140,15 @@ SUITE_RESULT = "agents_learning_suite.json"
 DECAY_FROM_START_SUITE_RESULT = "agents_learning_suite_decay_from_start.json"
 # 500k-step runs of the slowest-to-plateau tasks: the suite script with --steps 500000.
 SUITE_LONG_RESULT = "agents_learning_suite_500k.json"
+# Tasks for which the quick preset adds values of its own (`PRESET_TASK_VALUES` in
+# launch/d4pg/program.py): the suite's runs with those values, a row under the preset's
+# (200k runs, and the long runs of the 500k column).
+SUITE_TASK_VALUE_RESULTS = {
+    "finger:spin": "agents_learning_suite_finger_critic256_spi64.json",
+}
+SUITE_TASK_VALUE_LONG_RESULTS = {
+    "finger:spin": "agents_learning_suite_500k_finger_critic256_spi64.json",
+}
 # The 500k column's runs until the quick preset held its rates for half the run (decaying
 # from update 0 over the whole 500k).
 LONG_DECAY_FROM_START_RESULT = "agents_learning_suite_500k_decay_from_start.json"
@@ -1443,15 +1452,28 @@ ROWS: tuple[Row, ...] = (
         "`agents_learning_suite --tasks cheetah:run --seeds 0,1` beside `--tasks walker:walk`, "
         "then `--tasks finger:spin --seeds 0` beside `--seeds 1`, then seeds 2 and 3 of "
         "cheetah:run and walker:walk, `--steps 500000 "
-        "--launch-flag=--config.lr_decay_start_fraction=0.5`, at 910ab7c: the rates held for "
-        "the first half of the run, then decaying to 0.1 by its end (the quick preset since "
-        "2026-12-05), the suite table's 500k column, vs the rates decaying from update 0 "
+        "--launch-flag=--config.lr_decay_start_fraction=0.5`, at 910ab7c, then finger:spin "
+        "`--seeds 2` beside `--seeds 3` at 2054791 (the same preset, no flag needed): the rates "
+        "held for the first half of the run, then decaying to 0.1 by its end (the quick preset "
+        "since 2026-12-05), the suite table's 500k column, vs the rates decaying from update 0 "
         "(`agents_learning_suite_500k_decay_from_start.json`) on the same seeds, mean eval, 10 "
         "episodes per evaluation",
         "{tasks}",
         derived={
             "tasks": lambda d: _long_runs_text(_read_result(LONG_DECAY_FROM_START_RESULT), now=d)
         },
+    ),
+    Row(
+        SUITE_TASK_VALUE_LONG_RESULTS["finger:spin"],
+        "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, then `--seeds "
+        "2` beside `--seeds 3`, `--steps 500000 --launch-flag=--config.critic_layers=256,256 "
+        "--launch-flag=--config.samples_per_insert=64`, at 2054791: the quick preset's "
+        "values for finger:spin (since 2026-12-07) over 500k actor steps, two runs at a time "
+        "(~20 min per run), the 500k cell of the suite table's second finger:spin row, vs the "
+        "preset without them (the suite table's 500k column) on the same seeds, mean eval, 10 "
+        "episodes per evaluation",
+        "{tasks}",
+        derived={"tasks": lambda d: _long_runs_text(_read_result(SUITE_LONG_RESULT), now=d)},
     ),
     Row(
         "launch_time_to_score_penalty.json",
@@ -1843,13 +1865,6 @@ def _seeds_text(count: int) -> str:
     return f" ({count} seed{'' if count == 1 else 's'})"
 
 
-# Tasks for which the quick preset adds values of its own (`PRESET_TASK_VALUES` in
-# launch/d4pg/program.py): the suite runs with those values, a row under the preset's.
-SUITE_TASK_VALUE_RESULTS = {
-    "finger:spin": "agents_learning_suite_finger_critic256_spi64.json",
-}
-
-
 def _suite_row(label: str, summary: Mapping[str, Any], long_summary, columns) -> str:
     """One task's row of the suite table (`render_suite`)."""
     at_500k = long_summary["at_steps"].get("500000") if long_summary else None
@@ -1898,11 +1913,15 @@ def render_suite(results: Path = RESULTS) -> str:
         if own:
             with_values = json.loads((results / own).read_text(encoding="utf-8"))
             task_rows[task] = (own, with_values)
+            own_long = results / SUITE_TASK_VALUE_LONG_RESULTS.get(task, "-")
+            long_values = (
+                json.loads(own_long.read_text(encoding="utf-8")) if own_long.is_file() else None
+            )
             lines.append(
                 _suite_row(
                     f"`{task}`, the default: with the preset's values for it",
                     with_values["summary"][task],
-                    None,
+                    long_values["summary"].get(task) if long_values else None,
                     columns,
                 )
             )
@@ -1924,8 +1943,11 @@ def render_suite(results: Path = RESULTS) -> str:
         flags = sorted(
             {f for run in with_values["runs"][task].values() for f in run["launch_flags"]}
         )
+        long_name = SUITE_TASK_VALUE_LONG_RESULTS.get(task)
         lines[-1] += (
-            f" `{task}`'s second row: its runs in `benchmarks/results/{name}`, with "
+            f" `{task}`'s second row: its runs in `benchmarks/results/{name}`"
+            + (f" (500k: `{long_name}`)" if long_name and (results / long_name).is_file() else "")
+            + ", with "
             + " ".join(f"`{f}`" for f in flags)
             + " (the quick preset's values for the task since 2026-12-07)."
         )

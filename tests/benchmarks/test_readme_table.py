@@ -133,12 +133,14 @@ def test_the_suite_rows_of_a_presets_task_values_ran_with_todays_values():
     assert set(readme_table.SUITE_TASK_VALUE_RESULTS) == set(
         d4pg_program.PRESET_TASK_VALUES["quick"]
     )
-    for task, name in readme_table.SUITE_TASK_VALUE_RESULTS.items():
+    files = [*readme_table.SUITE_TASK_VALUE_RESULTS.items()]
+    files += readme_table.SUITE_TASK_VALUE_LONG_RESULTS.items()
+    for task, name in files:
         values = d4pg_program.preset_task_values("quick", task, from_pixels=False)
         runs = json.loads((readme_table.RESULTS / name).read_text())["runs"][task]
         for seed, run in runs.items():
             stored = D4PGConfig.from_dict(run["run_config"])
-            assert {k: getattr(stored, k) for k in values} == values, (task, seed)
+            assert {k: getattr(stored, k) for k in values} == values, (name, seed)
 
 
 def test_a_suite_run_is_summarised_by_the_config_it_stored_before_its_preset_and_flags():
