@@ -1453,7 +1453,8 @@ ROWS: tuple[Row, ...] = (
         "then `--tasks finger:spin --seeds 0` beside `--seeds 1`, then seeds 2 and 3 of "
         "cheetah:run and walker:walk, `--steps 500000 "
         "--launch-flag=--config.lr_decay_start_fraction=0.5`, at 910ab7c, then finger:spin "
-        "`--seeds 2` beside `--seeds 3` at 2054791 (the same preset, no flag needed): the rates "
+        "`--seeds 2` beside `--seeds 3`, then 4 beside 5, at 2054791 (the same preset, no flag "
+        "needed; each after the runs with its per-task values of the same seeds): the rates "
         "held for the first half of the run, then decaying to 0.1 by its end (the quick preset "
         "since 2026-12-05), the suite table's 500k column, vs the rates decaying from update 0 "
         "(`agents_learning_suite_500k_decay_from_start.json`) on the same seeds, mean eval, 10 "
@@ -1466,7 +1467,8 @@ ROWS: tuple[Row, ...] = (
     Row(
         SUITE_TASK_VALUE_LONG_RESULTS["finger:spin"],
         "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, then `--seeds "
-        "2` beside `--seeds 3`, `--steps 500000 --launch-flag=--config.critic_layers=256,256 "
+        "2` beside `--seeds 3`, then 4 beside 5, `--steps 500000 "
+        "--launch-flag=--config.critic_layers=256,256 "
         "--launch-flag=--config.samples_per_insert=64`, at 2054791: the quick preset's "
         "values for finger:spin (since 2026-12-07) over 500k actor steps, two runs at a time "
         "(~20 min per run), the 500k cell of the suite table's second finger:spin row, vs the "

@@ -108,9 +108,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 # at 200k, nine seeds higher and no collapse (benchmarks/results/
 # agents_learning_suite_finger_critic256_spi64.json; docs/d4pg.md, "Per-task values").
 # It costs ~2.6x the wall time per actor step: the learner makes twice the updates, each
-# on a wider critic. Over 500k actor steps the lead is gone (four seeds: 745 against the
-# preset's 817, both under D4PG's 834); the suite's and the README's budgets are 200k and
-# 100k. --config.KEY=VALUE still overrides either value.
+# on a wider critic. Over 500k actor steps the lead is smaller (six seeds: 817 against the
+# preset's 772, both under D4PG's 834). --config.KEY=VALUE still overrides either value.
 PRESET_TASK_VALUES: dict[str, dict[str, dict[str, Any]]] = {
     "quick": {
         "finger:spin": {"critic_layers": (256, 256), "samples_per_insert": 64.0},
