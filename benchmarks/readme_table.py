@@ -1914,11 +1914,13 @@ def render_suite(results: Path = RESULTS) -> str:
         lines.append(_suite_row(label, summary, long_summary, columns))
         if own:
             with_values = json.loads((results / own).read_text(encoding="utf-8"))
-            task_rows[task] = (own, with_values)
-            own_long = results / SUITE_TASK_VALUE_LONG_RESULTS.get(task, "-")
+            long_name = SUITE_TASK_VALUE_LONG_RESULTS.get(task)
+            if long_name and not (results / long_name).is_file():
+                long_name = None
             long_values = (
-                json.loads(own_long.read_text(encoding="utf-8")) if own_long.is_file() else None
+                json.loads((results / long_name).read_text(encoding="utf-8")) if long_name else None
             )
+            task_rows[task] = (own, with_values, long_name)
             lines.append(
                 _suite_row(
                     f"`{task}`, the default: with the preset's values for it",
@@ -1941,14 +1943,13 @@ def render_suite(results: Path = RESULTS) -> str:
         + "; ".join(sorted(presets))
         + "."
     )
-    for task, (name, with_values) in task_rows.items():
+    for task, (name, with_values, long_name) in task_rows.items():
         flags = sorted(
             {f for run in with_values["runs"][task].values() for f in run["launch_flags"]}
         )
-        long_name = SUITE_TASK_VALUE_LONG_RESULTS.get(task)
         lines[-1] += (
             f" `{task}`'s second row: its runs in `benchmarks/results/{name}`"
-            + (f" (500k: `{long_name}`)" if long_name and (results / long_name).is_file() else "")
+            + (f" (500k: `{long_name}`)" if long_name else "")
             + ", with "
             + " ".join(f"`{f}`" for f in flags)
             + " (the quick preset's values for the task since 2026-12-07)."
