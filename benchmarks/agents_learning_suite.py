@@ -128,7 +128,7 @@ def run_one(task: str, seed: int, steps: int, timeout_s: float, keep: bool, extr
         "quick_preset": {
             **d4pg_program.PRESETS["quick"],
             **d4pg_program.preset_task_values(
-                "quick", task, "--config.from_pixels=true" in extra_flags
+                "quick", task, bool(run_config.get("from_pixels", False))
             ),
         },
         "run_config": run_config,

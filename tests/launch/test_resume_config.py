@@ -36,18 +36,23 @@ NOISE_KEYS = ("noise_beta",)
 LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS + OBSERVATION_KEYS + TARGET_KEYS + NOISE_KEYS
 
 
+def _stored_run(tmp_path, task: str, config: dict) -> str:
+    """A run directory holding only the run.json a launch of `config` on `task` wrote."""
+    run_dir = str(tmp_path / "run")
+    os.makedirs(run_dir)
+    identity = {**d4pg_program.identity(task, config), "launches": 1}
+    with open(os.path.join(run_dir, "run.json"), "w", encoding="utf-8") as f:
+        json.dump(identity, f)
+    return run_dir
+
+
 def _old_run(tmp_path, **config_changes) -> str:
     """A run directory as a launch before the later keys wrote it (run.json only)."""
     config = D4PGConfig.from_overrides(d4pg_program.PRESETS["quick"]).to_dict()
     for key in LATER_KEYS:
         del config[key]
     config.update(config_changes)
-    run_dir = str(tmp_path / "run")
-    os.makedirs(run_dir)
-    identity = {**d4pg_program.identity("cartpole:swingup", config), "launches": 1}
-    with open(os.path.join(run_dir, "run.json"), "w", encoding="utf-8") as f:
-        json.dump(identity, f)
-    return run_dir
+    return _stored_run(tmp_path, "cartpole:swingup", config)
 
 
 def _resolve(run_dir, *flags, **overrides):
@@ -148,12 +153,7 @@ def test_a_resumed_run_keeps_the_decay_span_it_started_with(tmp_path):
 def test_a_finger_run_resumes_with_its_own_critic_not_todays_task_values(tmp_path):
     """A run stored before the preset's finger:spin values keeps its config on resume."""
     quick = D4PGConfig.from_overrides(d4pg_program.PRESETS["quick"])
-    config = quick.with_pinned_layout().to_dict()
-    run_dir = str(tmp_path / "run")
-    os.makedirs(run_dir)
-    identity = {**d4pg_program.identity("finger:spin", config), "launches": 1}
-    with open(os.path.join(run_dir, "run.json"), "w", encoding="utf-8") as f:
-        json.dump(identity, f)
+    run_dir = _stored_run(tmp_path, "finger:spin", quick.with_pinned_layout().to_dict())
     _, resumed, *_ = _resolve(run_dir)
     assert resumed.critic_layers == (128, 128) and resumed.samples_per_insert == 32.0
     _, fresh, *_ = _resolve(str(tmp_path / "new"), "--env", "finger:spin")
