@@ -1086,6 +1086,16 @@ ROWS: tuple[Row, ...] = (
         "and the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_discount0.98.json",
+        "`agents_learning_suite --tasks ball_in_cup:catch` beside `--tasks reacher:easy`, "
+        "`--seeds 0,1,2,3,4,5`, then `--seeds 6,7,8,9,10,11`, all with "
+        "`--launch-flag=--config.discount=0.98`, at 48749b4: a discount of 0.98 instead of "
+        "the preset's 0.99 (Acme's), for the two tasks whose reward is 1 per step once the "
+        "goal is reached (a shorter horizon values an earlier catch or reach more), the "
+        "preset otherwise, two runs at a time: mean eval return vs the suite table's runs on "
+        "the same seeds, and the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
