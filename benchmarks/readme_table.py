@@ -1068,6 +1068,23 @@ ROWS: tuple[Row, ...] = (
             )
         },
     ),
+    Row(
+        "agents_learning_suite_finger_values_normalize.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1,2,3,4,5` beside `--seeds "
+        "6,7,8,9,10,11`, `--launch-flag=--config.normalize_observations=true`, at 48749b4 "
+        "(the preset's finger:spin values applied by the launch): features standardised with "
+        "the task's fixed statistics on top of the per-task values (on the suite it had "
+        "raised finger:spin alone), two runs at a time (~8.5 min per run): mean eval return "
+        "vs the runs with the values alone "
+        "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
+        "runs that collapsed, 10 episodes per evaluation",
+        "{tasks}",
+        derived={
+            "tasks": lambda d: _candidate_vs_default_text(
+                d, "agents_learning_suite_finger_critic256_spi64.json", collapses=True
+            )
+        },
+    ),
     _vs_suite_row(
         "agents_learning_suite_lr_final_0.03.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
