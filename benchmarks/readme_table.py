@@ -243,14 +243,15 @@ def _ab_time_to_target(result: Mapping[str, Any]) -> str:
     return f"{one('candidate')} vs {one('default')}"
 
 
-def _vs_suite_row(result: str, what: str) -> Row:
+def _vs_suite_row(result: str, what: str, baseline: str = SUITE_RESULT) -> Row:
     """The row of a candidate's suite runs (`what` says which and against what) set
-    against the suite table's runs of its seeds, with both sides' collapses."""
+    against the `baseline` runs of its seeds (the suite table's unless given), with both
+    sides' collapses."""
     return Row(
         result,
         what,
         "{tasks}",
-        derived={"tasks": lambda d: _candidate_vs_default_text(d, SUITE_RESULT, collapses=True)},
+        derived={"tasks": lambda d: _candidate_vs_default_text(d, baseline, collapses=True)},
     )
 
 
@@ -271,17 +272,12 @@ def _walker_100k_row(commit: str, seeds: str, which: str) -> Row:
 def _vs_decay_from_start_row(result: str, what: str) -> Row:
     """The row of a candidate's suite runs against the decay-from-start preset's suite
     runs (the suite table until 2026-12-05) of its seeds."""
-    return Row(
+    return _vs_suite_row(
         result,
         what + ": mean eval return vs the rates decaying from update 0 (the suite table's "
         "runs until 2026-12-05, `agents_learning_suite_decay_from_start.json`) on the same "
         "seeds, and the runs that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={
-            "tasks": lambda d: _candidate_vs_default_text(
-                d, DECAY_FROM_START_SUITE_RESULT, collapses=True
-            )
-        },
+        DECAY_FROM_START_SUITE_RESULT,
     )
 
 
@@ -1051,7 +1047,7 @@ ROWS: tuple[Row, ...] = (
         "row above: mean eval return vs the suite table's runs on the same seeds, and the runs "
         "that collapsed, 10 episodes per evaluation",
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_finger_critic256_spi128.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, "
         "`--launch-flag=--config.critic_layers=256,256 "
@@ -1061,14 +1057,9 @@ ROWS: tuple[Row, ...] = (
         "finger:spin values (~19 min per run, two at a time): mean eval return vs the "
         "runs with those values (`agents_learning_suite_finger_critic256_spi64.json`) on the "
         "same seeds, and the runs that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={
-            "tasks": lambda d: _candidate_vs_default_text(
-                d, "agents_learning_suite_finger_critic256_spi64.json", collapses=True
-            )
-        },
+        "agents_learning_suite_finger_critic256_spi64.json",
     ),
-    Row(
+    _vs_suite_row(
         "agents_learning_suite_finger_values_normalize.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0,1,2,3,4,5` beside `--seeds "
         "6,7,8,9,10,11`, `--launch-flag=--config.normalize_observations=true`, at 48749b4 "
@@ -1078,12 +1069,7 @@ ROWS: tuple[Row, ...] = (
         "vs the runs with the values alone "
         "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
         "runs that collapsed, 10 episodes per evaluation",
-        "{tasks}",
-        derived={
-            "tasks": lambda d: _candidate_vs_default_text(
-                d, "agents_learning_suite_finger_critic256_spi64.json", collapses=True
-            )
-        },
+        "agents_learning_suite_finger_critic256_spi64.json",
     ),
     _vs_suite_row(
         "agents_learning_suite_lr_final_0.03.json",
