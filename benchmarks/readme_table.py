@@ -1072,6 +1072,18 @@ ROWS: tuple[Row, ...] = (
         "agents_learning_suite_finger_critic256_spi64.json",
     ),
     _vs_suite_row(
+        "agents_learning_suite_finger_values_batch128.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, "
+        "`--launch-flag=--config.batch_size=128 --launch-flag=--config.samples_per_insert=128`, "
+        "at 48749b4 (the 256-256 critic of the preset's finger:spin values applied by the "
+        "launch), stopped after two seeds (lower on both): twice the batch with twice the "
+        "values' replay ratio, so one learner update per actor step as with the values, each "
+        "on twice the transitions (~12 min per run, two at a time): mean eval return vs the "
+        "runs with the values (`agents_learning_suite_finger_critic256_spi64.json`) on the "
+        "same seeds, and the runs that collapsed, 10 episodes per evaluation",
+        "agents_learning_suite_finger_critic256_spi64.json",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_lr_final_0.03.json",
         "`agents_learning_suite --tasks reacher:easy,ball_in_cup:catch` beside `--tasks "
         "finger:spin,cheetah:run`, `--seeds 0,1,2 --launch-flag=--config.lr_final_scale=0.03`, "
