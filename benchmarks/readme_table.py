@@ -1111,6 +1111,15 @@ ROWS: tuple[Row, ...] = (
         "the same seeds, and the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_policy256.json",
+        "`agents_learning_suite --tasks reacher:easy` beside `--tasks ball_in_cup:catch`, "
+        "`--seeds 0,1,2,3,4,5 --launch-flag=--config.policy_layers=256,256`, at be04407: a "
+        "256-256 policy instead of the preset's 64-64 (reacher:easy's failing policies miss "
+        "actions their critic rates higher), the preset otherwise, two runs at a time, "
+        "stopped after six seeds: mean eval return vs the suite table's runs on the same "
+        "seeds, and the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
