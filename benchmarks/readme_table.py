@@ -549,6 +549,34 @@ ROWS: tuple[Row, ...] = (
         Target(">=", 0.7, "actor_over_raw_process_cpu/k1"),
     ),
     Row(
+        "agents_actor_profile.json",
+        "`agents_actor_profile`: where one K=16 actor's time per step goes (cartpole:swingup, "
+        "process CPU time, medians of rotated rounds): the actor / raw `env.step` of K "
+        "environments in turn, beside the same loop without Reverb (wrappers, numpy policy, "
+        "noise, no adders or pulls) / raw; the actor's stepping thread by part",
+        "actor {actor_over_raw_process_cpu/actor|.2f} ({median_us_per_step/actor/"
+        "process_cpu_us|.0f} vs {median_us_per_step/raw/process_cpu_us|.0f} us per step); "
+        "without Reverb {actor_over_raw_process_cpu/no_reverb|.2f} "
+        "({median_us_per_step/no_reverb/process_cpu_us|.0f} us). Stepping thread, us per "
+        "step: dm-control's step {median_parts_us_per_step/actor/dm_control_step|.1f} "
+        "({physics_slowdown_beside_reverb_us|+.1f} beside Reverb's writing), our wrappers "
+        "{actor_wrappers_us|.1f}, adders {median_parts_us_per_step/actor/observe|.1f}, policy "
+        "and noise {median_parts_us_per_step/actor/select_actions|.1f}, weight pulls "
+        "{median_parts_us_per_step/actor/update|.1f}; Reverb's client threads "
+        "{actor_other_threads_us|.1f}; noisy",
+        Target(">=", 0.8, "actor_over_raw_process_cpu/actor", label="actor"),
+        derived={
+            "actor_wrappers_us": lambda d: (
+                d["median_parts_us_per_step"]["actor"]["wrapped_step"]
+                - d["median_parts_us_per_step"]["actor"]["dm_control_step"]
+            ),
+            "actor_other_threads_us": lambda d: (
+                d["median_us_per_step"]["actor"]["process_cpu_us"]
+                - d["median_us_per_step"]["actor"]["thread_cpu_us"]
+            ),
+        },
+    ),
+    Row(
         "agents_learner.json",
         "`agents_learner`: D4PG learner updates/s, K updates per compiled call / K=1, quick "
         "sizes (64-64 / 128-128, batch 64), fixed batch",
