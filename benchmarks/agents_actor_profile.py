@@ -88,7 +88,7 @@ def _raw_runner(num_envs: int, seed: int) -> Callable[[int], int]:
     return run
 
 
-def _loop_runner(loop, num_envs: int) -> Callable[[int], int]:
+def loop_runner(loop, num_envs: int) -> Callable[[int], int]:
     def run(steps: int) -> int:
         done = 0
         while done < steps:
@@ -99,7 +99,7 @@ def _loop_runner(loop, num_envs: int) -> Callable[[int], int]:
     return run
 
 
-def _instrument(envs: list, actor, timer: PartTimer) -> None:
+def instrument(envs: list, actor, timer: PartTimer) -> None:
     """Wraps each env's outer step, dm-control's step inside it, and the actor's calls."""
     for env in envs:
         inner = env
@@ -160,13 +160,13 @@ def main() -> None:
         bare = acting.BatchedD4PGActor(
             policy, spec.actions, None, None, k, sigma=config.sigma, seed=1
         )
-        _instrument(envs, bare, timers["no_reverb"])
-        runners["no_reverb"] = _loop_runner(BatchedEnvironmentLoop(envs, bare), k)
+        instrument(envs, bare, timers["no_reverb"])
+        runners["no_reverb"] = loop_runner(BatchedEnvironmentLoop(envs, bare), k)
 
         envs = [environments.make(TASK, seed=100 + i) for i in range(k)]
         actor = builder.make_batched_actor(config, spec, server.address, seed=1, num_envs=k)
-        _instrument(envs, actor, timers["actor"])
-        runners["actor"] = _loop_runner(BatchedEnvironmentLoop(envs, actor), k)
+        instrument(envs, actor, timers["actor"])
+        runners["actor"] = loop_runner(BatchedEnvironmentLoop(envs, actor), k)
 
         for run in runners.values():  # Warm-up: first pull, writer setup, caches.
             run(1024)
