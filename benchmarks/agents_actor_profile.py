@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # The repository r
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # agents_common.
 
 import numpy as np
+from agents_actor_throughput import loop_runner
 from agents_common import ReplayServerProcess, rotated, write_result
 
 TASK = "cartpole:swingup"
@@ -84,17 +85,6 @@ def _raw_runner(num_envs: int, seed: int) -> Callable[[int], int]:
                 timesteps[i] = envs[i].reset()
             timesteps[i] = envs[i].step(actions[n])
         return steps
-
-    return run
-
-
-def loop_runner(loop, num_envs: int) -> Callable[[int], int]:
-    def run(steps: int) -> int:
-        done = 0
-        while done < steps:
-            loop.step()
-            done += num_envs
-        return done
 
     return run
 

@@ -92,16 +92,21 @@ def batched_runner(config, spec, address: str, k: int):
 
     envs = [environments.make(TASK, seed=100 + j) for j in range(k)]
     actor = builder.make_batched_actor(config, spec, address, seed=1, num_envs=k)
-    loop = BatchedEnvironmentLoop(envs, actor)
+    return loop_runner(BatchedEnvironmentLoop(envs, actor), k), actor
+
+
+def loop_runner(loop, num_envs: int):
+    """`run(steps)`: steps of a `BatchedEnvironmentLoop` of `num_envs` environments until at
+    least `steps` environment steps; returns how many it made (a multiple of num_envs)."""
 
     def run(steps: int) -> int:
         done = 0
         while done < steps:
             loop.step()
-            done += k
+            done += num_envs
         return done
 
-    return run, actor
+    return run
 
 
 def main() -> None:
