@@ -1100,6 +1100,18 @@ ROWS: tuple[Row, ...] = (
         "agents_learning_suite_finger_critic256_spi64.json",
     ),
     _vs_suite_row(
+        "agents_learning_suite_finger_values_target_period50.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1,2` beside `--seeds 3,4,5`, "
+        "`--launch-flag=--config.target_update_period=50`, at be04407 (the preset's "
+        "finger:spin values applied by the launch): target copies every 50 updates instead "
+        "of 100 on top of the per-task values (alone, on the preset without them, it had "
+        "raised finger:spin by 38 over twelve seeds), two runs at a time (~6 min per run): "
+        "mean eval return vs the runs with the values alone "
+        "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
+        "runs that collapsed, 10 episodes per evaluation",
+        "agents_learning_suite_finger_critic256_spi64.json",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_finger_values_batch128.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, "
         "`--launch-flag=--config.batch_size=128 --launch-flag=--config.samples_per_insert=128`, "
