@@ -1112,6 +1112,18 @@ ROWS: tuple[Row, ...] = (
         "agents_learning_suite_finger_critic256_spi64.json",
     ),
     _vs_suite_row(
+        "agents_learning_suite_finger_values_critic_lr_kept.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1,2` beside `--seeds 3,4,5`, "
+        "`--launch-flag=--config.critic_lr_final_scale=1`, at be04407 (the preset's "
+        "finger:spin values applied by the launch): the critic's Adam rate kept at 1e-3 "
+        "while the policy's holds and decays, on top of the per-task values (with the rates "
+        "decaying from update 0 it had raised finger:spin by 147 over six seeds), two runs "
+        "at a time (~6 min per run): mean eval return vs the runs with the values alone "
+        "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
+        "runs that collapsed, 10 episodes per evaluation",
+        "agents_learning_suite_finger_critic256_spi64.json",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_finger_values_batch128.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, "
         "`--launch-flag=--config.batch_size=128 --launch-flag=--config.samples_per_insert=128`, "
