@@ -24,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # The repository root.
@@ -95,7 +96,7 @@ def batched_runner(config, spec, address: str, k: int):
     return loop_runner(BatchedEnvironmentLoop(envs, actor), k), actor
 
 
-def loop_runner(loop, num_envs: int):
+def loop_runner(loop, num_envs: int) -> Callable[[int], int]:
     """`run(steps)`: steps of a `BatchedEnvironmentLoop` of `num_envs` environments until at
     least `steps` environment steps; returns how many it made (a multiple of num_envs)."""
 
