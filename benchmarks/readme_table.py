@@ -146,6 +146,8 @@ SUITE_LONG_RESULT = "agents_learning_suite_500k.json"
 SUITE_TASK_VALUE_RESULTS = {
     "finger:spin": "agents_learning_suite_finger_critic256_spi64.json",
 }
+# The baseline of the candidates measured on top of finger:spin's values.
+FINGER_VALUES_RESULT = SUITE_TASK_VALUE_RESULTS["finger:spin"]
 SUITE_TASK_VALUE_LONG_RESULTS = {
     "finger:spin": "agents_learning_suite_500k_finger_critic256_spi64.json",
 }
@@ -1085,7 +1087,7 @@ ROWS: tuple[Row, ...] = (
         "finger:spin values (~19 min per run, two at a time): mean eval return vs the "
         "runs with those values (`agents_learning_suite_finger_critic256_spi64.json`) on the "
         "same seeds, and the runs that collapsed, 10 episodes per evaluation",
-        "agents_learning_suite_finger_critic256_spi64.json",
+        FINGER_VALUES_RESULT,
     ),
     _vs_suite_row(
         "agents_learning_suite_finger_values_normalize.json",
@@ -1097,7 +1099,7 @@ ROWS: tuple[Row, ...] = (
         "vs the runs with the values alone "
         "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
         "runs that collapsed, 10 episodes per evaluation",
-        "agents_learning_suite_finger_critic256_spi64.json",
+        FINGER_VALUES_RESULT,
     ),
     _vs_suite_row(
         "agents_learning_suite_finger_values_target_period50.json",
@@ -1109,7 +1111,7 @@ ROWS: tuple[Row, ...] = (
         "mean eval return vs the runs with the values alone "
         "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
         "runs that collapsed, 10 episodes per evaluation",
-        "agents_learning_suite_finger_critic256_spi64.json",
+        FINGER_VALUES_RESULT,
     ),
     _vs_suite_row(
         "agents_learning_suite_finger_values_critic_lr_kept.json",
@@ -1121,7 +1123,7 @@ ROWS: tuple[Row, ...] = (
         "at a time (~6 min per run): mean eval return vs the runs with the values alone "
         "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
         "runs that collapsed, 10 episodes per evaluation",
-        "agents_learning_suite_finger_critic256_spi64.json",
+        FINGER_VALUES_RESULT,
     ),
     _vs_suite_row(
         "agents_learning_suite_finger_values_batch128.json",
@@ -1133,7 +1135,7 @@ ROWS: tuple[Row, ...] = (
         "on twice the transitions (~12 min per run, two at a time): mean eval return vs the "
         "runs with the values (`agents_learning_suite_finger_critic256_spi64.json`) on the "
         "same seeds, and the runs that collapsed, 10 episodes per evaluation",
-        "agents_learning_suite_finger_critic256_spi64.json",
+        FINGER_VALUES_RESULT,
     ),
     _vs_suite_row(
         "agents_learning_suite_lr_final_0.03.json",
