@@ -10,7 +10,10 @@ block of --steps environment steps, in rotated order over --rounds rounds:
   policy, Gaussian noise and `BatchedEnvironmentLoop`: the actor without adders or pulls;
 - `actor`: the deployed K-environment actor (`builder.make_batched_actor`): the same plus
   one n-step adder per environment into a Reverb server in another process and weight
-  pulls from its "params" table.
+  pulls from its "params" table;
+- `actor_one_write_per_item`: the same actor handing each item to Reverb as it is drawn
+  (`items_per_write` 1, the default until 2026-12-07) instead of --items-per-write
+  together (the config's default): the same items.
 
 Per block: CPU time per step of the whole process (`time.process_time`, Reverb's writer and
 gRPC threads included) and of the stepping thread alone (`time.thread_time`). Then, in a
@@ -23,6 +26,7 @@ blocks: one more Python call around each timed call (~0.1 us, ~0.5 us per step o
 recorded per round and the result is marked noisy above 2 (the core count).
 
 Usage: python benchmarks/agents_actor_profile.py [--steps 16000 --rounds 5 --envs 16]
+       [--items-per-write N]
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import numpy as np
 from agents_actor_throughput import TASK, loop_runner
 from agents_common import ReplayServerProcess, rotated, write_result
 
-CONFIGS = ["raw", "no_reverb", "actor"]
+CONFIGS = ["raw", "no_reverb", "actor", "actor_one_write_per_item"]
 # The parts timed in the instrumented blocks (the wrapped step includes dm-control's).
 PARTS = ["wrapped_step", "dm_control_step", "select_actions", "observe", "update"]
 
@@ -116,9 +120,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16000, help="environment steps per block")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--envs", type=int, default=16, help="K, environments per actor")
+    parser.add_argument(
+        "--items-per-write",
+        type=int,
+        default=None,
+        help="the `actor` configuration's items_per_write (default: the config's)",
+    )
     args = parser.parse_args()
     if args.steps < args.envs or args.rounds < 1 or args.envs < 1:
         parser.error("--steps must be at least --envs, and --rounds and --envs at least 1")
+    if args.items_per_write is not None and args.items_per_write < 1:
+        parser.error("--items-per-write must be at least 1")
 
     import reverb
 
@@ -135,7 +147,9 @@ def main() -> None:
     )
     spec = environments.make_environment_spec(environments.make(TASK, seed=0))
     k = args.envs
-    timers = {"no_reverb": PartTimer(), "actor": PartTimer()}
+    if args.items_per_write is not None:
+        config = D4PGConfig.from_overrides({"items_per_write": args.items_per_write}, base=config)
+    timers = {name: PartTimer() for name in CONFIGS if name != "raw"}
     server = ReplayServerProcess(config, TASK)
     try:
         weights = [v.numpy() for v in networks.make_networks(config, spec).acting_variables()]
@@ -153,10 +167,12 @@ def main() -> None:
         instrument(envs, bare, timers["no_reverb"])
         runners["no_reverb"] = loop_runner(BatchedEnvironmentLoop(envs, bare), k)
 
-        envs = [environments.make(TASK, seed=100 + i) for i in range(k)]
-        actor = builder.make_batched_actor(config, spec, server.address, seed=1, num_envs=k)
-        instrument(envs, actor, timers["actor"])
-        runners["actor"] = loop_runner(BatchedEnvironmentLoop(envs, actor), k)
+        one_write_per_item = D4PGConfig.from_overrides({"items_per_write": 1}, base=config)
+        for name, cfg in (("actor", config), ("actor_one_write_per_item", one_write_per_item)):
+            envs = [environments.make(TASK, seed=100 + i) for i in range(k)]
+            actor = builder.make_batched_actor(cfg, spec, server.address, seed=1, num_envs=k)
+            instrument(envs, actor, timers[name])
+            runners[name] = loop_runner(BatchedEnvironmentLoop(envs, actor), k)
 
         for run in runners.values():  # Warm-up: first pull, writer setup, caches.
             run(1024)
@@ -200,8 +216,17 @@ def main() -> None:
     # What Reverb adds to the stepping thread: the adders and pulls it runs, and how much
     # slower the physics itself runs beside the writing (cache and memory contention).
     physics_slowdown = actor_parts["dm_control_step"] - bare_parts["dm_control_step"]
+    # Held writes against one write per item, round by round (paired blocks).
+    held_speedup = statistics.median(
+        one["process_cpu_us"] / held["process_cpu_us"]
+        for one, held in zip(blocks["actor_one_write_per_item"], blocks["actor"])
+    )
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f} x raw env.step (process CPU time; K=16 target >= 0.8)")
+    print(
+        f"actor with {config.items_per_write} items per write / one write per item: "
+        f"{held_speedup:.3f}x steps per CPU second"
+    )
     print(
         "actor, stepping thread, us per step: "
         + ", ".join(f"{p} {v:.1f}" for p, v in actor_parts.items())
@@ -214,17 +239,20 @@ def main() -> None:
         "agents_actor_profile",
         {
             "command": "python benchmarks/agents_actor_profile.py "
-            f"--steps {args.steps} --rounds {args.rounds} --envs {args.envs}",
+            f"--steps {args.steps} --rounds {args.rounds} --envs {args.envs}"
+            + (f" --items-per-write {args.items_per_write}" if args.items_per_write else ""),
             "task": TASK,
             "preset": "quick",
             "envs_per_actor": k,
-            "transitions_per_item": config.transitions_per_item,
+            "transitions_per_item": config.resolved_transitions_per_item(),
+            "items_per_write": config.items_per_write,
             "blocks": blocks,
             "median_us_per_step": median,
             "actor_over_raw_process_cpu": ratios,
             "parts_us_per_step_rounds": parts,
             "median_parts_us_per_step": part_median,
             "physics_slowdown_beside_reverb_us": physics_slowdown,
+            "held_writes_speedup_process_cpu": held_speedup,
             "load_averages": loads,
             "max_load_average": max(loads),
             "noisy": noisy,

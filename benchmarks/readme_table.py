@@ -555,9 +555,15 @@ ROWS: tuple[Row, ...] = (
         "`agents_actor_profile`: where one K=16 actor's time per step goes (cartpole:swingup, "
         "process CPU time, medians of rotated rounds): the actor / raw `env.step` of K "
         "environments in turn, beside the same loop without Reverb (wrappers, numpy policy, "
-        "noise, no adders or pulls) / raw; the actor's stepping thread by part",
+        "noise, no adders or pulls) / raw, and the actor handing each item to Reverb as it is "
+        "drawn (`items_per_write` 1, before 2026-12-07) / raw; the actor's stepping thread by "
+        "part",
         "actor {actor_over_raw_process_cpu/actor|.2f} ({median_us_per_step/actor/"
-        "process_cpu_us|.0f} vs {median_us_per_step/raw/process_cpu_us|.0f} us per step); "
+        "process_cpu_us|.0f} vs {median_us_per_step/raw/process_cpu_us|.0f} us per step; "
+        "{items_per_write} items per write), one write per item "
+        "{actor_over_raw_process_cpu/actor_one_write_per_item|.2f} "
+        "({median_us_per_step/actor_one_write_per_item/process_cpu_us|.0f} us; held writes: "
+        "{held_writes_speedup_process_cpu|.2f}x steps per CPU second, paired rounds); "
         "without Reverb {actor_over_raw_process_cpu/no_reverb|.2f} "
         "({median_us_per_step/no_reverb/process_cpu_us|.0f} us). Stepping thread, us per "
         "step: dm-control's step {median_parts_us_per_step/actor/dm_control_step|.1f} "
@@ -1121,6 +1127,18 @@ ROWS: tuple[Row, ...] = (
         "while the policy's holds and decays, on top of the per-task values (with the rates "
         "decaying from update 0 it had raised finger:spin by 147 over six seeds), two runs "
         "at a time (~6 min per run): mean eval return vs the runs with the values alone "
+        "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
+        "runs that collapsed, 10 episodes per evaluation",
+        FINGER_VALUES_RESULT,
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_finger_critic512.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, "
+        "`--launch-flag=--config.critic_layers=512,512,256 "
+        "--launch-flag=--config.samples_per_insert=64`, at 48749b4, stopped after two seeds "
+        "(lower on both, at 2.3x the cost): the paper's (Acme's) critic of 512-512-256 in "
+        "place of the values' 256-256, with their 64 samples per insert (~23 min per run, two "
+        "at a time): mean eval return vs the runs with the values "
         "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
         "runs that collapsed, 10 episodes per evaluation",
         FINGER_VALUES_RESULT,

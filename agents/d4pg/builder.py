@@ -139,6 +139,7 @@ def _make_adders(
         GroupedRowLayout.of(env_spec, config),
         pool_size=config.item_pool_size,
         seed=seed,
+        items_per_write=config.items_per_write,
     )
     return [NStepGroupAdder(writer, config.n_step, short) for _ in range(count)]
 

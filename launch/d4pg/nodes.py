@@ -555,8 +555,8 @@ def evaluator(
     n-step transition per environment step, so the transitions inserted (items times
     `transitions_per_item`) are the run's actor step count (restored with the replay
     checkpoint; only its increase is used here). With G > 1 per item the count lags by
-    the transitions actors still pool (at most `item_pool_size` each, a fraction of an
-    episode).
+    the transitions actors still pool or hold for one write (at most `item_pool_size` +
+    `items_per_write` x G each, half an episode at the defaults' 256 + 16 x 16).
     With `short_transitions_from_first_state` every episode inserts n - 1 more (Acme's
     short transitions from o_0), so the count runs ahead of actor steps by (n - 1) / T
     for episodes of T steps (0.4% for dm-control's 1000 steps at n = 5) and evaluations

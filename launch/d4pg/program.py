@@ -52,6 +52,7 @@ RESUMABLE_CONFIG_KEYS = frozenset(
         "jit_compile",
         "updates_per_call",
         "fuse_updates_per_call",
+        "items_per_write",
     }
 )
 

@@ -40,6 +40,7 @@ def _writer(client, config, seed=0):
         GroupedRowLayout.of(SPEC, config),
         pool_size=config.item_pool_size,
         seed=seed,
+        items_per_write=config.items_per_write,
     )
 
 
@@ -378,7 +379,8 @@ def test_a_batched_actor_fills_grouped_replay_from_all_its_environments():
         actor = builder.make_batched_actor(config, spec, address, seed=1, num_envs=4)
         BatchedEnvironmentLoop(envs, actor).run(num_episodes=4)
         items = reverb.Client(address).server_info()[REPLAY_TABLE].current_size
-        assert items == (4 * 1000 - 64 + 8) // 8  # All but what stays in the pool.
+        drawn = (4 * 1000 - 64 + 8) // 8  # All but what stays in the pool,
+        assert items == drawn - drawn % config.items_per_write  # and what waits for a write.
         learner.step()
         assert learner.num_steps == config.updates_per_call
     finally:
@@ -510,5 +512,47 @@ def test_items_are_the_drawn_rows_in_order_with_their_padding(n, short):
         for index, (h, w) in enumerate(zip(have, want, strict=True)):
             assert h.dtype == np.float32 and h.shape == w.shape, index
             np.testing.assert_array_equal(h, w, err_msg=f"item {index}")
+    finally:
+        server.stop()
+
+
+def test_items_held_for_one_write_reach_reverb_together_unchanged_and_in_order():
+    """`items_per_write` 3: Reverb receives the drawn items three at a time, the rest on
+    flush, and they are the items of one write per item, byte for byte, in order."""
+    n, episodes = 3, [(7, 1.0), (4, 0.0), (9, 0.0), (12, 1.0)]
+    config = _config(n_step=n, transitions_per_item=4, item_pool_size=8, items_per_write=3)
+    table = reverb.Table.queue(REPLAY_TABLE, 1000, signature=replay_signature(SPEC, config))
+    server = reverb.Server([table])
+    try:
+        client = reverb.Client(f"localhost:{server.port}")
+        writer = _writer(client, config, seed=5)
+        adder = NStepGroupAdder(writer, n)
+        for episode, (length, final_discount) in enumerate(episodes):
+            steps, actions = _episode(length, episode, final_discount)
+            adder.add_first(steps[0])
+            for action, step in zip(actions, steps[1:]):
+                adder.add(action, step)
+        transitions = [
+            item
+            for episode, (length, final) in enumerate(episodes)
+            for item in _expected_items(length, episode, final, n)
+        ]
+        want, _ = _reference_items(transitions, n, 4, 8, seed=5)
+        drawn = (len(transitions) - 8) // 4 + 1  # A draw each time the pool of 8 fills.
+        assert drawn % 3 and drawn > 3
+        writer._writer.flush()  # pylint: disable=protected-access  # Only what was handed over.
+        assert client.server_info()[REPLAY_TABLE].current_size == drawn - drawn % 3
+        assert writer.held == 4 * (drawn % 3) and writer.transitions_written == 4 * (drawn // 3 * 3)
+        writer.write_pending()
+        writer.flush()
+        assert writer.held == 0 and len(want) > drawn
+        samples = client.sample(
+            REPLAY_TABLE,
+            num_samples=len(want),
+            emit_timesteps=False,
+            unpack_as_table_signature=True,
+        )
+        for index, (sample, w) in enumerate(zip(samples, want, strict=True)):
+            np.testing.assert_array_equal(np.asarray(sample.data), w, err_msg=f"item {index}")
     finally:
         server.stop()
