@@ -17,12 +17,12 @@ Which transitions share an item. An actor's transitions, from any of its environ
 go into one pool of `pool_size` transitions; when it is full, G of them drawn uniformly
 without replacement leave it as one item. Every transition is written exactly once, so
 the replay holds the same transitions as with one per item (minus at most the pool's
-content and the items held for one write, `items_per_write`, when an actor stops). Sampling items uniformly samples every transition with
-the same probability, but the B / G items of a batch each bring G transitions of one
-actor from a window of roughly its last `pool_size` steps, not B independent draws.
-Writing G consecutive transitions instead would give a batch B / G runs of near
-duplicates; the pool spreads a group over that window and over the actor's
-environments.
+content and the items held for one write, `items_per_write`, when an actor stops).
+Sampling items uniformly samples every transition with the same probability, but the
+B / G items of a batch each bring G transitions of one actor from a window of roughly its
+last `pool_size` steps, not B independent draws. Writing G consecutive transitions
+instead would give a batch B / G runs of near duplicates; the pool spreads a group over
+that window and over the actor's environments.
 
 Observations are stored inline: o_{t+m} is stored again as a later transition's o_t.
 For state features this doubles a few hundred bytes per transition; pixels keep the
@@ -88,9 +88,9 @@ class TransitionGroupWriter:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         if pool_size < group_size:
             raise ValueError(f"pool_size ({pool_size}) must be >= group_size ({group_size})")
-        self._group = group_size
         if items_per_write < 1:
             raise ValueError(f"items_per_write must be >= 1, got {items_per_write}")
+        self._group = group_size
         self._table = table
         self._priority = float(priority)
         self._items_per_write = items_per_write
