@@ -1575,11 +1575,12 @@ ROWS: tuple[Row, ...] = (
         "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, then `--seeds "
         "2` beside `--seeds 3`, then 4 beside 5, `--steps 500000 "
         "--launch-flag=--config.critic_layers=256,256 "
-        "--launch-flag=--config.samples_per_insert=64`, at 2054791: the quick preset's "
-        "values for finger:spin (since 2026-12-07) over 500k actor steps, two runs at a time "
-        "(~20 min per run), the 500k cell of the suite table's second finger:spin row, vs the "
-        "preset without them (the suite table's 500k column) on the same seeds, mean eval, 10 "
-        "episodes per evaluation",
+        "--launch-flag=--config.samples_per_insert=64`, at 2054791, then seeds 6 beside 7, 8 "
+        "beside 9 and 10 beside 11 the same way at 48749b4 (the same agent): the quick "
+        "preset's values for finger:spin (since 2026-12-07) over 500k actor steps, two runs "
+        "at a time (~15-25 min per run), the 500k cell of the suite table's second "
+        "finger:spin row, vs the preset without them (the suite table's 500k column, seeds "
+        "0-5) on the seeds both have, mean eval, 10 episodes per evaluation",
         "{tasks}",
         derived={"tasks": lambda d: _long_runs_text(_read_result(SUITE_LONG_RESULT), now=d)},
     ),
