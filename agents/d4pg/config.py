@@ -538,7 +538,10 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
                 raise ValueError(f"expected an integer, got {value!r}")
             if isinstance(value, str):
                 value = value.strip().replace("_", "")
-                as_float = float(value)  # Accepts "1e6".
+                try:
+                    as_float = float(value)  # Accepts "1e6".
+                except ValueError:
+                    raise ValueError(f"expected an integer, got {value!r}") from None
                 if not as_float.is_integer():
                     raise ValueError(f"expected an integer, got {value!r}")
                 return int(as_float)
@@ -548,9 +551,12 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if hint is float:
             if isinstance(value, bool):
                 raise ValueError(f"expected a number, got {value!r}")
-            return float(str(value).strip()) if isinstance(value, str) else float(value)
+            try:
+                return float(str(value).strip()) if isinstance(value, str) else float(value)
+            except ValueError:
+                raise ValueError(f"expected a number, got {value!r}") from None
         if hint is str:
             return str(value)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"Bad value for D4PG config key {key!r} (type {hint}): {e}") from None
+        raise ValueError(f"Bad value for D4PG config key {key!r}: {e}") from None
     raise ValueError(f"D4PG config key {key!r} has unsupported type {hint}")

@@ -3,9 +3,9 @@
     replicator launch d4pg                       # short distributed run on this machine
     replicator launch d4pg --env walker:walk --actors 8 --steps 2000000 \\
         --learner-replicas cpu:2 --run-dir runs/walker --config.batch_size=256
-    replicator evaluate --run-dir runs/walker --episodes 10 --video walker.mp4
-    replicator evaluate --run-dir runs/walker --all-snapshots --seeds 1 2 3
-    replicator export --run-dir runs/walker --out walker_policy
+    replicator evaluate runs/walker --episodes 10 --video walker.mp4
+    replicator evaluate runs/walker --all-snapshots --seeds 1 2 3
+    replicator export runs/walker --out walker_policy
     replicator plot runs/walker-seed* --metric eval_return
     replicator list-tasks
 

@@ -18,6 +18,29 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+def add_run_dir_arguments(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """A run directory as `RUN_DIR` or `--run-dir RUN_DIR`: `plot` takes runs positionally,
+    so a user who learned it types `evaluate RUN_DIR` too. Read with `run_dir_of`."""
+    parser.add_argument("run", nargs="?", default=None, metavar="RUN_DIR", help=help_text)
+    parser.add_argument("--run-dir", default=None, help="the same as RUN_DIR")
+
+
+def run_dir_of(args: argparse.Namespace, required: bool) -> str | None:
+    """The run directory given either way (None if neither and not `required`).
+
+    Raises:
+      LaunchError: both given and different, or neither given when `required`.
+    """
+    if args.run and args.run_dir and args.run != args.run_dir:
+        raise LaunchError(
+            f"two run directories given ({args.run} and --run-dir {args.run_dir}): pass one."
+        )
+    run_dir = args.run or args.run_dir
+    if run_dir is None and required:
+        raise LaunchError("which run? Pass its directory: RUN_DIR or --run-dir RUN_DIR.")
+    return run_dir
+
+
 def split_config_flags(extra: list[str]) -> tuple[dict[str, str], list[str]]:
     """Pulls ``--config.KEY=VALUE`` and ``--config.KEY VALUE`` out of unknown arguments."""
     overrides, rest = {}, []

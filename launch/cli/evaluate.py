@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from launch.cli.common import add_run_dir_arguments, run_dir_of
 from launch.runtime.errors import LaunchError
 
 
@@ -18,7 +19,7 @@ def register(commands) -> None:
         description="Evaluates a policy snapshot without exploration noise: the latest of a "
         "run, --step N of a run, or --snapshot DIR.",
     )
-    evaluate.add_argument("--run-dir", default=None, help="a D4PG run directory")
+    add_run_dir_arguments(evaluate, "a D4PG run directory (or --snapshot DIR)")
     evaluate.add_argument(
         "--step", type=int, default=None, help="learner step of a kept snapshot (default: latest)"
     )
@@ -73,15 +74,16 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None and args.seeds is not None:
         raise LaunchError("pass --seeds (one or more), not --seed with it.")
     seeds = args.seeds or ([args.seed] if args.seed is not None else [12345])
+    run_dir = run_dir_of(args, required=False)
     if args.all_snapshots:
-        if args.run_dir is None or args.snapshot or args.step is not None or args.video:
+        if run_dir is None or args.snapshot or args.step is not None or args.video:
             raise LaunchError(
-                "--all-snapshots evaluates every snapshot of --run-dir: drop --snapshot, "
-                "--step and --video."
+                "--all-snapshots evaluates every snapshot of a run (RUN_DIR): drop "
+                "--snapshot, --step and --video."
             )
-        out = args.out or os.path.join(args.run_dir, "snapshot_returns.csv")
+        out = args.out or os.path.join(run_dir, "snapshot_returns.csv")
         rows = evaluate.evaluate_all(
-            args.run_dir,
+            run_dir,
             out,
             task=args.env,
             episodes=args.episodes,
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         raise LaunchError("--out names the CSV of --all-snapshots; use --video for a video.")
     result = evaluate.evaluate(
-        args.run_dir,
+        run_dir,
         snapshot=args.snapshot,
         step=args.step,
         task=args.env,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from launch.cli.common import add_run_dir_arguments, run_dir_of
+
 
 def register(commands) -> None:
     """Adds `export`."""
@@ -15,7 +17,7 @@ def register(commands) -> None:
         description="Writes a self-contained TF SavedModel of a run's policy: "
         "tf.saved_model.load(OUT).act(observations) -> actions.",
     )
-    export.add_argument("--run-dir", required=True)
+    add_run_dir_arguments(export, "a D4PG run directory")
     export.add_argument(
         "--step", type=int, default=None, help="learner step of a kept checkpoint (default: latest)"
     )
@@ -26,7 +28,7 @@ def register(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     from launch.d4pg import snapshots  # pylint: disable=import-outside-toplevel
 
-    out, step = snapshots.export(args.run_dir, args.out, args.step)
+    out, step = snapshots.export(run_dir_of(args, required=True), args.out, args.step)
     print(
         f"policy snapshot of learner step {step:,}: {os.path.abspath(out)}\n"
         f"  load it: policy = tf.saved_model.load({out!r}); actions = policy.act(observations)"

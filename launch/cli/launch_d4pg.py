@@ -169,8 +169,8 @@ def report(outcome, run_dir) -> int:
     verb = {"finished": "Finished", "interrupted": "Stopped"}.get(outcome.reason, "Ended")
     print(
         f"{verb}: {summary}.\n"
-        f"  evaluate: {PROG} evaluate --run-dir {run_dir.root} --episodes 10\n"
-        f"  export:   {PROG} export --run-dir {run_dir.root} --out POLICY_DIR\n"
+        f"  evaluate: {PROG} evaluate {run_dir.root} --episodes 10\n"
+        f"  export:   {PROG} export {run_dir.root} --out POLICY_DIR\n"
         f"  plot:     {PROG} plot {run_dir.root}\n"
         f"  resume:   {PROG} launch d4pg --run-dir {run_dir.root} --steps N"
     )

@@ -80,10 +80,10 @@ def checkpoint_steps(run_dir: str) -> dict[int, str]:
 
 
 def resolve(run_dir: str | None, step: int | None, directory: str | None) -> str:
-    """The snapshot directory named by --snapshot, or --run-dir [--step N] (default: latest)."""
+    """The snapshot directory named by --snapshot, or a run's [--step N] (default: latest)."""
     if directory is not None:
         if run_dir is not None or step is not None:
-            raise LaunchError("--snapshot names one snapshot: drop --run-dir and --step.")
+            raise LaunchError("--snapshot names one snapshot: drop the run directory and --step.")
         from agents.d4pg import snapshot  # pylint: disable=import-outside-toplevel
 
         try:
@@ -92,17 +92,17 @@ def resolve(run_dir: str | None, step: int | None, directory: str | None) -> str
             raise LaunchError(str(e)) from None
         return directory
     if run_dir is None:
-        raise LaunchError("name a policy: --run-dir RUN [--step N], or --snapshot DIR.")
+        raise LaunchError("name a policy: RUN_DIR [--step N], or --snapshot DIR.")
     rd = RunDir(run_dir)
     if not os.path.isdir(rd.root):
-        raise LaunchError(f"--run-dir {run_dir} does not exist.")
+        raise LaunchError(f"run directory {run_dir} does not exist.")
     _identity(rd)
     steps = kept_steps(rd.root)
     if not steps:
         raise LaunchError(
             f"{rd.root} has no policy snapshot yet ({snapshot_root(rd.root)}); let the run "
             "train until the learner checkpoints, or write one from a learner checkpoint with "
-            f"`replicator export --run-dir {rd.root} --out DIR`.",
+            f"`replicator export {rd.root} --out DIR`.",
             exit_code=1,
         )
     if step is None:
@@ -125,7 +125,7 @@ def export(run_dir: str, out: str, step: int | None = None) -> tuple[str, int]:
     """
     rd = RunDir(run_dir)
     if not os.path.isdir(rd.root):
-        raise LaunchError(f"--run-dir {run_dir} does not exist.")
+        raise LaunchError(f"run directory {run_dir} does not exist.")
     identity = _identity(rd)
     if os.path.exists(out) and os.listdir(out):
         raise LaunchError(f"--out {out} exists and is not empty; name a new directory.")

@@ -45,7 +45,8 @@ def test_overrides_parse_strings_to_field_types(overrides, expected):
     "overrides, message",
     [
         ({"batch_sise": "128"}, "Unknown D4PG config key"),
-        ({"batch_size": "many"}, "batch_size"),
+        ({"batch_size": "many"}, "'batch_size': expected an integer, got 'many'"),
+        ({"sigma": "wide"}, "'sigma': expected a number, got 'wide'"),
         ({"batch_size": "1.5"}, "expected an integer"),
         ({"clipping": "maybe"}, "expected a boolean"),
         ({"policy_layers": "64,x"}, "policy_layers"),

@@ -175,7 +175,7 @@ def test_snapshot_evaluation_equals_the_learner_path(run):
 def test_evaluate_json_video_and_quiet_console(run, tmp_path):
     run_dir, _, _ = run
     video = str(tmp_path / "episode.gif")
-    args = ["evaluate", "--run-dir", run_dir, "--episodes", "1", "--seeds", "1", "2"]
+    args = ["evaluate", run_dir, "--episodes", "1", "--seeds", "1", "2"]
     code, out, err = _run(*args, "--json", "--video", video)
     assert code == 0, out + err
     _assert_quiet(out, err)
@@ -219,7 +219,7 @@ def test_export_any_kept_checkpoint(run, tmp_path):
     shutil.copytree(run_dir, copy)
     shutil.rmtree(os.path.join(copy, "snapshots", f"step_{kept[0]}"))
     out = str(tmp_path / "policy")
-    code, stdout, err = _run("export", "--run-dir", copy, "--step", str(kept[0]), "--out", out)
+    code, stdout, err = _run("export", copy, "--step", str(kept[0]), "--out", out)
     assert code == 0, stdout + err
     _assert_quiet(stdout, err)
     assert f"learner step {kept[0]:,}" in stdout
@@ -250,7 +250,17 @@ def test_bad_evaluate_and_export_input(run, tmp_path, capsys):
     assert cli.main(["evaluate", "--snapshot", str(tmp_path)]) == 2
     assert "is not a policy snapshot" in _error(capsys)
     assert cli.main(["evaluate"]) == 2
-    assert "--run-dir RUN [--step N], or --snapshot DIR" in _error(capsys)
+    assert "name a policy: RUN_DIR [--step N], or --snapshot DIR" in _error(capsys)
+    assert cli.main(["evaluate", run_dir, "--snapshot", str(tmp_path)]) == 2
+    assert "--snapshot names one snapshot: drop the run directory" in _error(capsys)
+    other = str(tmp_path / "other")
+    for command in (["evaluate"], ["export", "--out", str(tmp_path / "x")]):
+        assert cli.main([*command, run_dir, "--run-dir", other]) == 2
+        assert f"two run directories given ({run_dir} and --run-dir {other})" in _error(capsys)
+    assert cli.main(["evaluate", other]) == 2
+    assert f"run directory {other} does not exist" in _error(capsys)
+    assert cli.main(["export", "--out", str(tmp_path / "x")]) == 2
+    assert "which run? Pass its directory: RUN_DIR or --run-dir RUN_DIR." in _error(capsys)
     assert (
         cli.main(["export", "--run-dir", run_dir, "--step", "7", "--out", str(tmp_path / "x")]) == 2
     )
