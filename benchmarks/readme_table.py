@@ -138,7 +138,7 @@ SUITE_RESULT = "agents_learning_suite.json"
 # decaying from update 0): the baseline of the rows that compared settings with it on
 # 2026-12-04 and 2026-12-05.
 DECAY_FROM_START_SUITE_RESULT = "agents_learning_suite_decay_from_start.json"
-# 500k-step runs of the slowest-to-plateau tasks: the suite script with --steps 500000.
+# 500k-step runs, to see where each task plateaus: the suite script with --steps 500000.
 SUITE_LONG_RESULT = "agents_learning_suite_500k.json"
 # Tasks for which the quick preset adds values of its own (`PRESET_TASK_VALUES` in
 # launch/d4pg/program.py): the suite's runs with those values, a row under the preset's
@@ -423,6 +423,8 @@ def _long_runs_text(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
     for task, by_seed in sorted(now["runs"].items()):
         old = before["runs"].get(task, {})
         seeds = sorted(set(by_seed) & set(old), key=int)
+        if not seeds:  # A task only one side ran (e.g. run to 500k later) has no comparison.
+            continue
         cells = [
             f"{mean(by_seed, seeds, at)} vs {mean(old, seeds, at)} at {at // 1000}k"
             for at in (200_000, 500_000)
@@ -1560,9 +1562,13 @@ ROWS: tuple[Row, ...] = (
         "cheetah:run and walker:walk, `--steps 500000 "
         "--launch-flag=--config.lr_decay_start_fraction=0.5`, at 910ab7c, then finger:spin "
         "`--seeds 2` beside `--seeds 3`, then 4 beside 5, at 2054791 (the same preset, no flag "
-        "needed; each after the runs with its per-task values of the same seeds): the rates "
-        "held for the first half of the run, then decaying to 0.1 by its end (the quick preset "
-        "since 2026-12-05), the suite table's 500k column, vs the rates decaying from update 0 "
+        "needed; each after the runs with its per-task values of the same seeds), then "
+        "`--tasks reacher:easy --seeds 0,1,2` beside `--tasks ball_in_cup:catch`, then seeds "
+        "3, 4 and 5 the same way, then `--tasks cartpole:swingup --seeds 0,1` beside `--seeds "
+        "2,3`, at 36e2a4f (the same agent; these three only in the suite table's 500k column, "
+        "to see where they plateau): the rates held for the first half of the run, then "
+        "decaying to 0.1 by its end (the quick preset since 2026-12-05), the suite table's 500k "
+        "column, vs the rates decaying from update 0 "
         "(`agents_learning_suite_500k_decay_from_start.json`) on the same seeds, mean eval, 10 "
         "episodes per evaluation",
         "{tasks}",
