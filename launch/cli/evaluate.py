@@ -29,7 +29,7 @@ def register(commands) -> None:
     evaluate.add_argument(
         "--all-snapshots",
         action="store_true",
-        help="evaluate every kept snapshot of --run-dir and write a CSV (see --out)",
+        help="evaluate every kept snapshot of the run and write a CSV (see --out)",
     )
     evaluate.add_argument(
         "--out",
