@@ -1185,6 +1185,17 @@ ROWS: tuple[Row, ...] = (
         "the same seeds, and the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_reacher_target_period200.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 0,1,2,3,4,5` beside `--seeds "
+        "6,7,8,9,10,11`, `--launch-flag=--config.target_update_period=200`, at 36e2a4f: the "
+        "target networks copied every 200 learner updates instead of the preset's 100, on "
+        "reacher:easy alone (the one task whose return rose with the period on the earlier "
+        "rows: -15, -5 and +8 against the preset at 25, 50 and 200, on 1, 12 and 2 seeds; "
+        "still climbing at 200k, see the 500k column), the preset otherwise, two runs at a "
+        "time: mean eval return vs the suite table's runs on "
+        "the same seeds, and the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_policy256.json",
         "`agents_learning_suite --tasks reacher:easy` beside `--tasks ball_in_cup:catch`, "
         "`--seeds 0,1,2,3,4,5 --launch-flag=--config.policy_layers=256,256`, at be04407: a "
