@@ -149,7 +149,13 @@ def report(outcome, run_dir) -> int:
         f"{int(p.gauges.get('learner_steps', 0)):,} learner steps"
     )
     if p.last_eval:
-        summary += f", last eval return {p.last_eval['return']:.1f}"
+        # Which evaluation: the last one may be up to an evaluation period before the end.
+        episodes = int(p.last_eval.get("episodes", 0))
+        summary += (
+            f", last eval return {p.last_eval['return']:.1f} @ "
+            f"{int(p.last_eval['actor_steps']):,} actor steps"
+            + (f" ({episodes} episode{'s' if episodes != 1 else ''})" if episodes else "")
+        )
     unsaved = ""
     if outcome.stop_failures:
         unsaved = "\nNot stopped cleanly (its last state may not be saved):\n  " + "\n  ".join(

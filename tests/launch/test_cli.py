@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -82,6 +83,8 @@ def test_launch_writes_the_run_directory(finished_run):
     run_dir, out = finished_run
     assert f"Run directory: {run_dir}" in out
     assert "Finished: " in out and "actor steps" in out
+    # The summary says which evaluation its return is: steps and episodes.
+    assert re.search(r"last eval return -?[\d.]+ @ [\d,]+ actor steps \(1 episode\)\.", out), out
     for name in (
         "run.json",
         "config.json",
