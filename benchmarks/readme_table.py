@@ -1763,6 +1763,30 @@ ROWS: tuple[Row, ...] = (
         ),
     ),
     Row(
+        "vision_resnet_r5s3.json",
+        "`vision_resnet --rounds 5 --steps-per-round 3`: the two rows above again on "
+        "2026-12-07 (the same machine type), with 15 timed steps per configuration instead of "
+        "3, nothing else running (the load is the benchmark's own threads)",
+        "our gain / Keras' gain: {ratios/bfloat16_gain_ours_over_keras/median|.2f} "
+        "({ratios/bfloat16_gain_ours_over_keras/min|.2f}-"
+        "{ratios/bfloat16_gain_ours_over_keras/max|.2f}; "
+        "{ratios/ours_bfloat16_over_ours_float32/wall/median|.2f} vs "
+        "{ratios/keras_bfloat16_over_keras_float32/wall/median|.2f}), on Keras' v1 architecture: "
+        "{ratios/bfloat16_gain_ours_v1_over_keras_same_architecture/median|.2f}; float32 ours / "
+        "Keras: {ratios/ours_over_keras_float32/wall/median|.2f} "
+        "({ratios/ours_over_keras_float32/wall/min|.2f}-"
+        "{ratios/ours_over_keras_float32/wall/max|.2f}); bfloat16 ours / Keras: "
+        "{ratios/ours_bfloat16_over_keras_bfloat16/wall/median|.2f}, on Keras' v1 "
+        "architecture: "
+        "{ratios/ours_v1_bfloat16_over_keras_bfloat16_same_architecture/wall/median|.2f}",
+        Target(
+            ">=",
+            1.0,
+            "ratios/bfloat16_gain_ours_over_keras/median",
+            label="our gain / Keras' gain",
+        ),
+    ),
+    Row(
         "vision_resnet.json",
         "`vision_resnet`: ImageNet TFRecord input pipeline alone (decode, random crop, flip, "
         "AUTOTUNE) / the fastest training configuration, images/s, median (min-max) of "
