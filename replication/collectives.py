@@ -72,6 +72,8 @@ def all_reduce(value: Any, op: str = "mean") -> Any:
     `op` is "sum", "mean", "max" or "min". All replicas must pass tensors of the
     same shape and dtype. "mean" of an integer tensor is computed in float32 and
     returned as float32, since an integer mean silently truncates.
+
+    Context: replica (inside `Replicator.run`); outside a step use `Replicator.reduce`.
     """
     _check_op(op)
     context = _replica_context("all_reduce")
@@ -101,6 +103,8 @@ def all_gather(value: Any, axis: int = 0) -> Any:
     Shapes may differ along `axis` between replicas (e.g. an uneven last batch);
     all other dimensions and the rank must match, otherwise TensorFlow cannot
     concatenate and this raises ValueError naming the shapes.
+
+    Context: replica (inside `Replicator.run`); outside a step use `Replicator.gather`.
     """
     context = _replica_context("all_gather")
     value = tf.nest.map_structure(tf.convert_to_tensor, value)
@@ -124,6 +128,8 @@ def broadcast(value: Any, source: int = 0) -> Any:
 
     Implemented as a sum in which every replica but `source` contributes zeros,
     which is exact (x + 0 == x) and uses the all-reduce every backend has.
+
+    Context: replica (inside `Replicator.run`).
     """
     context = _replica_context("broadcast")
     replicas = context.num_replicas_in_sync
@@ -150,12 +156,19 @@ def broadcast(value: Any, source: int = 0) -> Any:
 
 
 def replica_id() -> tf.Tensor:
-    """This replica's index in [0, num_replicas()), as an int32 scalar tensor."""
+    """This replica's index in [0, num_replicas()), as an int32 scalar tensor.
+
+    Context: replica (inside `Replicator.run`).
+    """
     return tf.convert_to_tensor(_replica_context("replica_id").replica_id_in_sync_group)
 
 
 def num_replicas() -> int:
-    """The number of replicas taking part in collectives (a Python int)."""
+    """The number of replicas taking part in collectives (a Python int).
+
+    Context: any. In replica context, the replicas in sync; in cross-replica context,
+    those of the strategy in force (1 outside any).
+    """
     context = tf.distribute.get_replica_context()
     if context is None:
         return tf.distribute.get_strategy().num_replicas_in_sync

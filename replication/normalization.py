@@ -21,6 +21,10 @@ class CrossReplicaBatchNorm(snt.distribute.CrossReplicaBatchNorm):
     those of the global batch. Arguments follow `snt.distribute.CrossReplicaBatchNorm`
     in order; `moving_mean`/`moving_variance` may be omitted, in which case
     exponential moving averages with `decay_rate` are created.
+
+    Context: replica (inside `Replicator.run`) with `is_training=True`, whose moments
+    are all-reduced; with `is_training=False` (moving statistics, no collective) also
+    cross-replica, e.g. to build the model once in `scope()`.
     """
 
     def __init__(
@@ -105,6 +109,9 @@ class SpectralNorm(snt.Module):
     replicated use. In replica context the updated u is averaged across replicas
     before it is stored, so every replica keeps the same u even where the local
     computations differ by rounding.
+
+    Context: replica (inside `Replicator.run`) with `is_training=True`, which updates u
+    (averaged across replicas); with `is_training=False` (u only read) also cross-replica.
 
     Example::
 

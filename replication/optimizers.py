@@ -31,6 +31,9 @@ class ReplicatedOptimizer(snt.Module):
         Gradients are still averaged over the replicas that run in sync: on `ps`
         those are the GPUs of one worker (`num_replicas_in_sync` counts only
         them), so a worker with several GPUs applies one averaged update.
+
+    Context: made in cross-replica context (`Replicator.wrap_optimizer`); `apply` runs in
+    replica context; `create_state` in any.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class ReplicatedOptimizer(snt.Module):
 
     @property
     def learning_rate(self):
+        """The wrapped optimizer's learning rate (None if it has none). Context: any."""
         return getattr(self.optimizer, "learning_rate", None)
 
     def apply(self, updates: Sequence[tf.Tensor | None], parameters: Sequence[tf.Variable]) -> None:

@@ -84,11 +84,15 @@ class Replicator:
 
     @property
     def num_replicas(self) -> int:
-        """Replicas taking part in each synchronous step (1 per worker for `ps`)."""
+        """Replicas taking part in each synchronous step (1 per worker for `ps`).
+
+        Context: any.
+        """
         return self.strategy.num_replicas_in_sync
 
     @property
     def is_asynchronous(self) -> bool:
+        """Whether steps run asynchronously against parameter servers (`ps`). Context: any."""
         return self.coordinator is not None
 
     @contextlib.contextmanager
@@ -100,6 +104,8 @@ class Replicator:
         replica keep the copies identical, and reading outside a step returns
         the first replica's copy. That is what lets plain Sonnet modules and
         optimizers run unchanged in replica context.
+
+        Context: cross-replica (entered outside `run`).
         """
         with contextlib.ExitStack() as stack:
             stack.enter_context(self.strategy.scope())
@@ -113,12 +119,19 @@ class Replicator:
             yield
 
     def wrap_optimizer(self, optimizer: snt.Optimizer) -> ReplicatedOptimizer:
-        """Returns `optimizer` wrapped to average gradients across replicas once."""
+        """Returns `optimizer` wrapped to average gradients across replicas once.
+
+        Context: cross-replica; the wrapped optimizer's `apply` is called in replica
+        context, inside the step.
+        """
         return ReplicatedOptimizer(optimizer, self.scope, synchronous=not self.is_asynchronous)
 
     # ------------------------------------------------------------------ input
     def per_replica_batch_size(self, global_batch_size: int) -> int:
-        """The batch one replica sees; the global batch must split evenly."""
+        """The batch one replica sees; the global batch must split evenly.
+
+        Context: any (plain Python).
+        """
         replicas = self.num_replicas
         if global_batch_size < 1 or global_batch_size % replicas:
             raise BatchSplitError(
@@ -137,6 +150,8 @@ class Replicator:
         `per_replica_batch_size`) and shard with `ctx.num_input_pipelines` /
         `ctx.input_pipeline_id` so pipelines read disjoint data. On `ps` the
         result is a per-worker dataset for use with `schedule`.
+
+        Context: cross-replica.
         """
         if self.is_asynchronous:
             return self.coordinator.create_per_worker_dataset(
@@ -165,7 +180,10 @@ class Replicator:
         )
 
     def distribute_dataset(self, dataset: tf.data.Dataset):
-        """Splits a dataset batched with the GLOBAL batch size across replicas."""
+        """Splits a dataset batched with the GLOBAL batch size across replicas.
+
+        Context: cross-replica.
+        """
         for spec in tf.nest.flatten(dataset.element_spec):
             batch = spec.shape[0] if spec.shape.rank else None
             if batch is not None:
@@ -174,7 +192,12 @@ class Replicator:
 
     # ---------------------------------------------------------------- compute
     def run(self, step_fn: Callable[..., Any], *args, **kwargs) -> Any:
-        """Runs `step_fn(*args, **kwargs)` once per replica; returns per-replica values."""
+        """Runs `step_fn(*args, **kwargs)` once per replica; returns per-replica values.
+
+        Context: cross-replica (the training loop, e.g. inside a `tf.function`); `step_fn`
+        itself runs in replica context, where the collectives and the wrapped optimizers'
+        `apply` may be called.
+        """
         return self.strategy.run(step_fn, args=args, kwargs=kwargs)
 
     def schedule(self, fn: Callable[..., Any], *args) -> Any:
@@ -183,18 +206,27 @@ class Replicator:
         With `ps`, `fn` should be a `tf.function` that calls `run`; the return value
         is a `RemoteValue` (call `.fetch()` after `join()`). Elsewhere it returns
         `fn(*args)`, so the same loop serves synchronous and asynchronous training.
+
+        Context: cross-replica.
         """
         if self.is_asynchronous:
             return self.coordinator.schedule(fn, args=args)
         return fn(*args)
 
     def join(self) -> None:
-        """Waits for all scheduled functions (a no-op on synchronous deployments)."""
+        """Waits for all scheduled functions (a no-op on synchronous deployments).
+
+        Context: cross-replica.
+        """
         if self.is_asynchronous:
             self.coordinator.join()
 
     def reduce(self, values: Any, op: str = "mean") -> Any:
-        """Reduces per-replica `values` (a nest) across replicas: sum, mean, max or min."""
+        """Reduces per-replica `values` (a nest) across replicas: sum, mean, max or min.
+
+        Context: cross-replica (on what `run` returned); inside a step use
+        `replication.all_reduce`.
+        """
         collectives._check_op(op)  # pylint: disable=protected-access
         if op in ("sum", "mean"):
             reduce_op = tf.distribute.ReduceOp.SUM if op == "sum" else tf.distribute.ReduceOp.MEAN
@@ -207,16 +239,24 @@ class Replicator:
         )
 
     def gather(self, values: Any, axis: int = 0) -> Any:
-        """Concatenates per-replica `values` along `axis`, in replica order."""
+        """Concatenates per-replica `values` along `axis`, in replica order.
+
+        Context: cross-replica (on what `run` returned); inside a step use
+        `replication.all_gather`.
+        """
         return tf.nest.map_structure(lambda v: self.strategy.gather(v, axis=axis), values)
 
     def local_results(self, value: Any) -> tuple:
-        """The per-replica values held by this worker, as a tuple in replica order."""
+        """The per-replica values held by this worker, as a tuple in replica order.
+
+        Context: cross-replica.
+        """
         return self.strategy.experimental_local_results(value)
 
     # -------------------------------------------------------- model parallelism
     @property
     def devices_per_replica(self) -> int:
+        """Devices one replica spans (2 for `cpu:2x2`; 1 otherwise). Context: any."""
         return self.deployment.devices_per_replica
 
     @contextlib.contextmanager
@@ -226,6 +266,8 @@ class Replicator:
         Call inside a step. A replica of `cpu:2x2` spans two devices; its variables
         live on device 0, and layers built under `logical_device(1)` run on the
         other. Transfers between the two are inserted by TensorFlow.
+
+        Context: replica (inside `Replicator.run`).
         """
         context = tf.distribute.get_replica_context()
         if context is None:
