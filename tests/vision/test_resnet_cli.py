@@ -76,6 +76,12 @@ def test_stopped_run_resumes_exactly_like_an_uninterrupted_one(tmp_path, capsys)
     assert _cli("--run-dir", interrupted) == 0  # every setting comes from the run directory
     out = capsys.readouterr().out
     assert "Resuming from step 6" in out and "eval at step 12: top-1" in out
+    # It ends saying where the run's products are (a ResNet run has no sample grid).
+    assert out.rstrip().endswith(
+        f"Run directory: {interrupted}\n"
+        f"  metrics:     {os.path.join(interrupted, 'metrics.csv')}\n"
+        f"  TensorBoard: tensorboard --logdir {os.path.join(interrupted, 'tensorboard')}"
+    ), out
     assert open(os.path.join(interrupted, "config.json")).read() == config_before
 
     # Same parameters, batch-norm statistics, momentum and step counter ...

@@ -252,6 +252,7 @@ def test_trains_on_both_imagenet_forms(tmp_path, capsys, form):
     assert _cli("--data", root, "--run-dir", run, "--steps", "2", *args) == 0
     out = capsys.readouterr().out
     assert "16x16x3, 3 classes" in out and "step 2/2" in out
+    assert f"  samples:     {os.path.join(run, 'samples.png')}" in out  # The closing lines.
     assert os.path.exists(os.path.join(run, "checkpoints", "ckpt-2.index"))
     grid = PIL.Image.open(os.path.join(run, "samples.png"))
     assert grid.mode == "RGB"  # three rows (classes) of colour samples

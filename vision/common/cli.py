@@ -185,8 +185,23 @@ def run_command(
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         return 1
     if not args.worker and (role is None or role.chief):  # --workers: the parent says it
-        print(f"Run directory: {args.run_dir}")
+        print(closing_lines(args.run_dir))
     return 0
+
+
+def closing_lines(run_dir: str) -> str:
+    """What a finished run left and where: the run directory, then one line per product
+    that exists (sample grid, metrics, TensorBoard), as the D4PG launch ends with hints."""
+    lines = [f"Run directory: {run_dir}"]
+    samples = os.path.join(run_dir, "samples.png")
+    if os.path.exists(samples):
+        lines.append(f"  samples:     {samples}  (the EMA generator's latest grid)")
+    metrics = os.path.join(run_dir, "metrics.csv")
+    if os.path.exists(metrics):
+        lines.append(f"  metrics:     {metrics}")
+    if os.path.isdir(os.path.join(run_dir, "tensorboard")):
+        lines.append(f"  TensorBoard: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}")
+    return "\n".join(lines)
 
 
 def role_from_tf_config() -> WorkerRole | None:
@@ -228,7 +243,7 @@ def _spawn_workers(args, kind, module, config, config_to_dict, global_batch) -> 
     except ValueError as error:  # e.g. fewer GPUs than workers
         raise ConfigError(str(error)) from None
     if code == 0:
-        print(f"Run directory: {args.run_dir}")
+        print(closing_lines(args.run_dir))
     return code
 
 
