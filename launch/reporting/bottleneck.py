@@ -10,8 +10,9 @@ polls the counters a few times a second and measures the fraction of time each s
 would be blocked; the counters also give insert and sample rates over the same window.
 
 `diagnose` turns those fractions into the verdict shown in the progress line, metrics.csv
-and TensorBoard, e.g. "learner-bound: actors blocked 62% of the time: add learner replicas
-or lower samples_per_insert".
+and TensorBoard, e.g. "learner-bound: actors blocked 62% of the time: a faster learner (a
+GPU, more learner workers) or lower samples_per_insert". Not "more learner replicas": on a
+CPU-only machine splitting the update over CPU replicas slows it (docs/throughput.md).
 """
 
 from __future__ import annotations
@@ -89,8 +90,8 @@ def diagnose(
     if actors_blocked >= threshold and actors_blocked >= learner_blocked:
         return Diagnosis(
             "learner-bound",
-            f"learner-bound: actors blocked {actors_blocked:.0%} of the time: add learner "
-            "replicas or lower samples_per_insert",
+            f"learner-bound: actors blocked {actors_blocked:.0%} of the time: a faster "
+            "learner (a GPU, more learner workers) or lower samples_per_insert",
         )
     if learner_blocked >= threshold:
         return Diagnosis(
