@@ -108,12 +108,18 @@ def assert_final_saves_after(run_dir, offsets, killed_at):
     return learner, replay
 
 
+# Every `Background` started, so that a test that fails before its `stop()` does not leave
+# its nodes running into the next tests of the same worker (`stop_all_running`).
+_STARTED: list["Background"] = []
+
+
 class Background:
     """Runs `launcher.run` in a thread and gives access to its supervisor."""
 
     def __init__(self, program, run_dir, backend="local", **kwargs):
         self.result = {}
         holder = {}
+        _STARTED.append(self)
 
         def target():
             self.result["outcome"] = launcher.run(
@@ -134,3 +140,13 @@ class Background:
         self.thread.join(timeout)
         assert not self.thread.is_alive(), "the launcher did not stop"
         return self.result["outcome"]
+
+
+def stop_all_running(timeout: float = 90) -> None:
+    """Stops every `Background` whose launcher still runs (a test failed before its stop)."""
+    while _STARTED:
+        background = _STARTED.pop()
+        supervisor = getattr(background, "supervisor", None)
+        if background.thread.is_alive() and supervisor is not None:
+            supervisor.request_stop()
+            background.thread.join(timeout)
