@@ -134,10 +134,8 @@ def test_slow_sampling_is_learner_bound():
     report = _run(insert_period=0.0, sample_period=0.01)
     assert report["bottleneck_kind"] == "learner-bound", report
     assert report["actors_blocked"] > 0.5 > report["learner_blocked"]
-    assert (
-        "a faster learner (a GPU, more learner workers) or lower samples_per_insert"
-        in (report["bottleneck"])
-    )
+    advice = "a faster learner (a GPU, more learner workers) or lower samples_per_insert"
+    assert advice in report["bottleneck"]
     assert report["replay_samples_per_s"] > 3 * report["replay_inserts_per_s"] > 0
 
 
