@@ -196,11 +196,12 @@ def closing_lines(run_dir: str) -> str:
     samples = os.path.join(run_dir, "samples.png")
     if os.path.exists(samples):
         lines.append(f"  samples:     {samples}  (the EMA generator's latest grid)")
-    metrics = os.path.join(run_dir, "metrics.csv")
+    metrics = os.path.join(run_dir, run_dir_lib.METRICS_FILE)
     if os.path.exists(metrics):
         lines.append(f"  metrics:     {metrics}")
-    if os.path.isdir(os.path.join(run_dir, "tensorboard")):
-        lines.append(f"  TensorBoard: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}")
+    tensorboard = os.path.join(run_dir, run_dir_lib.TENSORBOARD)
+    if os.path.isdir(tensorboard):
+        lines.append(f"  TensorBoard: tensorboard --logdir {tensorboard}")
     return "\n".join(lines)
 
 

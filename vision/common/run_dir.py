@@ -43,6 +43,7 @@ METRICS_FILE = "metrics.csv"
 INVOCATIONS_FILE = "invocations.jsonl"
 LOCK_FILE = ".lock"
 CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"
 # Config keys every trainer lets a resume change: how long to train, on which hardware,
 # how often to report. Trainers add their own (e.g. "classifier").
 RESUMABLE_KEYS = (
@@ -233,7 +234,7 @@ class RunDir:
                 self._summary_writer = tf.summary.create_noop_writer()
             else:
                 self._summary_writer = tf.summary.create_file_writer(
-                    os.path.join(self.path, "tensorboard")
+                    os.path.join(self.path, TENSORBOARD)
                 )
         return self._summary_writer
 
