@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dm_env
 import numpy as np
 
@@ -37,6 +39,8 @@ class D4PGActor(core.Actor):
       seed: seed of the exploration noise.
       noise_beta: its power-spectrum exponent, 0 white (Acme), 1 pink, 2 red: coloured
         noise is correlated over time and restarts with each episode (`exploration`).
+      sigma_schedule: the sigma for weights of a given learner step, applied at each pull
+        (`D4PGConfig.sigma_at`); None: `sigma` throughout.
 
     An evaluator is the same actor with `sigma=0` and no adder.
 
@@ -53,6 +57,7 @@ class D4PGActor(core.Actor):
         sigma: float = 0.0,
         seed: int = 0,
         noise_beta: float = 0.0,
+        sigma_schedule: Callable[[int], float] | None = None,
     ):
         _single_threaded_blas()
         self._policy = policy
@@ -63,11 +68,17 @@ class D4PGActor(core.Actor):
         self._sigma = np.float32(sigma)
         rng = np.random.default_rng(seed)
         self._noise = ExplorationNoise(1, tuple(action_spec.shape), sigma, noise_beta, rng)
+        self._sigma_schedule = sigma_schedule if sigma > 0 else None
 
     @property
     def weights_version(self) -> int:
         """The learner step of the weights in use (-1: none yet)."""
         return self._variables.version if self._variables is not None else -1
+
+    @property
+    def sigma(self) -> float:
+        """The exploration noise's standard deviation now (scheduled: `sigma_schedule`)."""
+        return float(self._sigma)
 
     def select_action(self, observation) -> np.ndarray:
         if not self._policy.has_weights:
@@ -98,6 +109,16 @@ class D4PGActor(core.Actor):
             return
         if self._variables.update(wait=wait):
             self._policy.set_weights(self._variables.weights)
+            if self._sigma_schedule is not None:
+                self._sigma = _scheduled_sigma(
+                    self._noise, self._sigma_schedule, self._variables.version
+                )
+
+
+def _scheduled_sigma(noise: ExplorationNoise, schedule: Callable[[int], float], step: int):
+    """Sets `noise` to the schedule's sigma for weights of learner step `step`; returns it."""
+    noise.set_sigma(schedule(max(step, 0)))
+    return np.float32(noise.sigma)
 
 
 class BatchedD4PGActor(core.BatchedActor):
@@ -120,6 +141,7 @@ class BatchedD4PGActor(core.BatchedActor):
       noise_beta: its power-spectrum exponent (0 white, 1 pink): each environment's
         coloured noise restarts with that environment's episodes.
       variable_update_period: environment steps (over all K) between weight pulls.
+      sigma_schedule: as `D4PGActor`'s.
     """
 
     def __init__(
@@ -133,6 +155,7 @@ class BatchedD4PGActor(core.BatchedActor):
         seed: int = 0,
         variable_update_period: int = 1000,
         noise_beta: float = 0.0,
+        sigma_schedule: Callable[[int], float] | None = None,
     ):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -148,6 +171,7 @@ class BatchedD4PGActor(core.BatchedActor):
         self._sigma = np.float32(sigma)
         rng = np.random.default_rng(seed)
         self._noise = ExplorationNoise(num_envs, tuple(action_spec.shape), sigma, noise_beta, rng)
+        self._sigma_schedule = sigma_schedule if sigma > 0 else None
         self._period = max(1, int(variable_update_period))
         self._steps_since_pull = 0
 
@@ -159,6 +183,11 @@ class BatchedD4PGActor(core.BatchedActor):
     def weights_version(self) -> int:
         """The learner step of the weights in use (-1: none yet)."""
         return self._variables.version if self._variables is not None else -1
+
+    @property
+    def sigma(self) -> float:
+        """The exploration noise's standard deviation now (scheduled: `sigma_schedule`)."""
+        return float(self._sigma)
 
     def select_actions(self, observations) -> np.ndarray:
         if not self._policy.has_weights:
@@ -194,3 +223,7 @@ class BatchedD4PGActor(core.BatchedActor):
         self._steps_since_pull = 0
         if self._variables.update(wait=wait):
             self._policy.set_weights(self._variables.weights)
+            if self._sigma_schedule is not None:
+                self._sigma = _scheduled_sigma(
+                    self._noise, self._sigma_schedule, self._variables.version
+                )

@@ -176,6 +176,7 @@ def make_actor(
         sigma=config.sigma if with_noise else 0.0,
         seed=seed,
         noise_beta=config.noise_beta,
+        sigma_schedule=_sigma_schedule(config),
     )
 
 
@@ -198,7 +199,13 @@ def make_batched_actor(
         seed=seed,
         variable_update_period=config.variable_update_period,
         noise_beta=config.noise_beta,
+        sigma_schedule=_sigma_schedule(config),
     )
+
+
+def _sigma_schedule(config: D4PGConfig):
+    """`config.sigma_at` where sigma decays, else None (a constant sigma, no work per pull)."""
+    return config.sigma_at if config.sigma_final_scale != 1.0 else None
 
 
 def make_evaluator(config: D4PGConfig, env_spec, replay_address: str, seed: int = 0) -> D4PGActor:

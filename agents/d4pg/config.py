@@ -44,6 +44,7 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "normalize_observations": False,
     "target_update_rate": 0.0,  # Hard copies every target_update_period updates.
     "noise_beta": 0.0,  # White exploration noise.
+    "sigma_final_scale": 1.0,  # A constant sigma.
 }
 
 
@@ -107,7 +108,8 @@ class D4PGConfig:
       `replicator launch d4pg` sets 1e-4 against a saturated policy: docs/d4pg.md),
       `normalize_observations` (off here, as Acme has none), `target_update_rate`
       (0 here: Acme's hard copies; Polyak averaging is DDPG's and TD3's), `noise_beta`
-      (0 here: Acme's white noise), `publish_period`,
+      (0 here: Acme's white noise), `sigma_final_scale` (1 here: Acme's constant sigma),
+      `publish_period`,
       `updates_per_call`, `fuse_updates_per_call`, the conv torso
       (Sonnet's default initialisers under either `network_init`), `random_shift` and the
       pixel defaults are this project's choices (Acme's D4PG has no pixel setup). The
@@ -255,6 +257,13 @@ class D4PGConfig:
     # white, each step drawn independently (Acme); 1 pink, 2 red: correlated over time,
     # a new sequence per episode (Eberhard et al., 2023). Every step is N(0, sigma^2).
     noise_beta: float = 0.0
+    # The exploration sigma falls with the learning rates, on their schedule over the
+    # learner's updates (held until lr_decay_start_fraction x lr_decay_updates, then linear),
+    # to sigma x sigma_final_scale at update lr_decay_updates: late data then lies nearer the
+    # deterministic policy that is evaluated. Each actor sets it from the learner step of
+    # the weights it pulls. 1.0: constant (Acme). Like lr_final_scale, it acts only with
+    # lr_decay_updates > 0 (`replicator launch` refuses it otherwise).
+    sigma_final_scale: float = 1.0
     variable_update_period: int = 1000  # Actor pulls weights every K environment steps.
     publish_period: int = 10  # Learner publishes weights every K updates.
     # Actors, evaluator and snapshots use the target policy (and torso), as Acme's do.
@@ -334,6 +343,8 @@ class D4PGConfig:
                 problems.append(f"{key} must be in [0, 1], got {value}")
         if self.sigma < 0:
             problems.append(f"sigma must be >= 0, got {self.sigma}")
+        if not 0.0 <= self.sigma_final_scale <= 1.0:
+            problems.append(f"sigma_final_scale must be in [0, 1], got {self.sigma_final_scale}")
         if not 0.0 <= self.noise_beta <= 2.0:
             problems.append(
                 f"noise_beta must be in [0, 2] (0 white, 1 pink, 2 red), got {self.noise_beta}"
@@ -398,6 +409,19 @@ class D4PGConfig:
             self.lr_final_scale if own is None else own
             for own in (self.policy_lr_final_scale, self.critic_lr_final_scale)
         )
+
+    def decay_progress(self, update: int) -> float:
+        """How far the rates' decay has gone at learner update `update`: 0 until update
+        s = `lr_decay_start_fraction` x `lr_decay_updates`, then linear to 1 at
+        `lr_decay_updates` (the learner computes the same in its graph). 0 without a decay."""
+        if self.lr_decay_updates <= 0:
+            return 0.0
+        start = self.lr_decay_start_fraction * self.lr_decay_updates
+        return min(1.0, max(0.0, (update - start) / (self.lr_decay_updates - start)))
+
+    def sigma_at(self, update: int) -> float:
+        """The exploration sigma of weights from learner update `update`."""
+        return self.sigma * (1.0 - (1.0 - self.sigma_final_scale) * self.decay_progress(update))
 
     # -- Per-task defaults -------------------------------------------------------------
 

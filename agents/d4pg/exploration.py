@@ -63,6 +63,28 @@ class ExplorationNoise:
             # Steps before some environment needs a new sequence (checked only then).
             self._steps_left = 0
 
+    @property
+    def sigma(self) -> float:
+        return float(self._sigma)
+
+    def set_sigma(self, sigma: float) -> None:
+        """From the next sample on, noise of standard deviation `sigma` (the draws already
+        made are rescaled; from 0, new ones are drawn)."""
+        sigma = np.float32(sigma)
+        if sigma == self._sigma:
+            return
+        old, self._sigma = self._sigma, sigma
+        if self._beta == 0:
+            if old > 0:
+                self._block[self._index :] *= sigma / old
+            else:
+                self._index = len(self._block)  # Drawn afresh at the next sample.
+        elif old > 0:
+            self._sequences *= sigma / old
+        else:
+            self._positions[:] = SEQUENCE_LENGTH
+            self._steps_left = 0
+
     def start_episode(self, index: int) -> None:
         """Environment `index` begins an episode: coloured noise starts a new sequence."""
         if self._beta != 0:

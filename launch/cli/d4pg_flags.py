@@ -352,6 +352,12 @@ def resolve(raw_args, overrides: dict[str, str]):
             # The preset's rates decay over this run's budget; a resume reads it back.
             span = d4pg_program.updates_in_budget(config, args.steps)
             config = D4PGConfig.from_overrides({"lr_decay_updates": span}, base=config)
+        if config.sigma_final_scale != 1.0 and config.lr_decay_updates == 0:
+            raise ValueError(
+                "sigma_final_scale follows the learning rates' decay, and this run's rates are "
+                "constant: set lr_decay_updates > 0 too, or use the quick preset (its rates "
+                "decay over --steps)"
+            )
     except ValueError as e:
         raise LaunchError(f"{e}. Set keys as --config.KEY=VALUE.") from None
 

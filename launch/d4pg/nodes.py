@@ -468,6 +468,7 @@ def actor(
             episode_return=result["episode_return"],
             steps_per_s=result["steps_per_second"],
             weights_version=agent.weights_version,
+            exploration_sigma=agent.sigma,
         )
 
 
@@ -518,6 +519,7 @@ def _batched_actor(
                 episode_return=result["episode_return"],
                 steps_per_s=result["steps_per_second"],
                 weights_version=agent.weights_version,
+                exploration_sigma=agent.sigma,
                 env_index=result["env_index"],
             )
         ctx.gauge(**{version_key: agent.weights_version})

@@ -3,9 +3,10 @@ the config through `builder` into single and batched actors."""
 
 import numpy as np
 import pytest
+import reverb
 
 import environments
-from agents.d4pg import builder, networks
+from agents.d4pg import builder, networks, variables
 from agents.d4pg.config import D4PGConfig
 from agents.d4pg.exploration import SEQUENCE_LENGTH, ExplorationNoise
 
@@ -42,6 +43,21 @@ def test_an_episode_start_restarts_that_environments_noise_only():
     np.testing.assert_array_equal(a[:, 1], b[:, 1])
     np.testing.assert_array_equal(a[:10, 0], b[:10, 0])
     assert not np.any(np.isclose(a[10:, 0], b[10:, 0]))
+
+
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_a_new_sigma_scales_every_later_sample(beta):
+    """Same seed, sigma 0.3 against 0.3 then 0.1: the samples drawn before the change
+    are rescaled and the later draws use the new sigma (over two blocks or sequences)."""
+    steady = ExplorationNoise(2, (2,), SIGMA, beta, np.random.default_rng(3))
+    lowered = ExplorationNoise(2, (2,), SIGMA, beta, np.random.default_rng(3))
+    for _ in range(5):
+        np.testing.assert_array_equal(steady.sample(), lowered.sample())
+    lowered.set_sigma(SIGMA / 3)
+    later = 2 * SEQUENCE_LENGTH + 100
+    a = np.stack([steady.sample() for _ in range(later)])
+    b = np.stack([lowered.sample() for _ in range(later)])
+    np.testing.assert_allclose(b, a / 3, rtol=1e-5, atol=1e-7)
 
 
 FEATURES = environments.make_environment_spec(environments.make("cartpole:balance", seed=0))
@@ -85,3 +101,37 @@ def test_the_config_colours_the_noise_of_single_and_batched_actors(beta):
             jumps = np.abs(np.diff(actions, axis=0))
             at_starts = jumps[[199, 399]].mean()
             assert at_starts > 2 * jumps.mean()
+
+
+def test_actors_take_the_scheduled_sigma_of_the_weights_they_pull():
+    """`sigma_final_scale`: the noise of weights from learner update u has the config's
+    `sigma_at(u)` (held to half the decay span, then linear), in single and batched actors."""
+    config = D4PGConfig.from_overrides(
+        {
+            "policy_layers": "8",
+            "critic_layers": "8",
+            "sigma": SIGMA,
+            "sigma_final_scale": 1 / 3,
+            "lr_decay_updates": 1000,
+            "lr_decay_start_fraction": 0.5,
+        }
+    )
+    shapes = networks.acting_variable_shapes(config, FEATURES)
+    weights = [np.zeros(shape, np.float32) for shape in shapes]  # The policy acts 0.
+    server = builder.make_replay_server(config, FEATURES)
+    try:
+        address = f"localhost:{server.port}"
+        single = builder.make_actor(config, FEATURES, address, seed=0, with_adder=False)
+        batched = builder.make_batched_actor(config, FEATURES, address, seed=0, num_envs=16)
+        obs = np.zeros(FEATURES.observations.shape, np.float32)
+        client = reverb.Client(address)
+        for update, sigma in ((0, SIGMA), (500, SIGMA), (750, 2 * SIGMA / 3), (1000, SIGMA / 3)):
+            variables.publish(client, update, weights)
+            single.update(wait=True)
+            batched.update(wait=True)
+            actions = np.stack([single.select_action(obs) for _ in range(1600)])
+            assert abs(actions.std() / sigma - 1) < 0.08, (update, actions.std())
+            actions = np.stack([batched.select_actions(np.stack([obs] * 16)) for _ in range(100)])
+            assert abs(actions.std() / sigma - 1) < 0.08, (update, actions.std())
+    finally:
+        server.stop()

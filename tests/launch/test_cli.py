@@ -162,6 +162,11 @@ def test_relaunch_rules_leave_the_run_untouched(finished_run, capsys):
         (["--learner-replicas", "tpu"], 2, "use --learner-workers K"),
         (["--ray-resources", "learner=h:1"], 2, "--ray-resources only applies to --backend ray"),
         (["--backend", "ray", "--ray-resources", "gpu=h:1"], 2, "ROLE one of replay"),
+        (
+            ["--preset", "paper", "--config.sigma_final_scale=0.5"],
+            2,
+            "sigma_final_scale follows the learning rates' decay",
+        ),
     ],
 )
 def test_bad_launch_input(tmp_path, capsys, args, code, message):

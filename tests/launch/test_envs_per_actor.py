@@ -1,11 +1,13 @@
 """`replicator launch d4pg --envs-per-actor K`: one actor process steps K environments."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
+from agents.d4pg.config import D4PGConfig
 from launch import cli
 from tests.launch import d4pg_support as s
 
@@ -35,6 +37,8 @@ def test_batched_actor_launch_runs_end_to_end(tmp_path):
         *("--envs-per-actor", "3", "--steps", "1200", "--eval-every", "2"),
         *("--eval-episodes", "1", "--progress-every", "2"),
         "--config.shuffle_buffer_transitions=256",
+        # The rates and the noise decay over the first 20 updates (half of them held).
+        *("--config.sigma_final_scale=0.5", "--config.lr_decay_updates=20"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Finished: " in proc.stdout
@@ -42,6 +46,14 @@ def test_batched_actor_launch_runs_end_to_end(tmp_path):
     # Three environments in one process, each reporting its own 200-step episodes.
     assert {r["env_index"] for r in episodes} == {0, 1, 2}
     assert len(episodes) >= 6
+    # The scheduled exploration noise: each episode's sigma is the config's for the learner
+    # step of the weights it acted with.
+    with open(os.path.join(run_dir, "config.json"), encoding="utf-8") as f:
+        config = D4PGConfig.from_saved(json.load(f))
+    for r in episodes:
+        want = config.sigma_at(r["weights_version"])
+        assert r["exploration_sigma"] == pytest.approx(want, rel=1e-6), r
+    assert min(r["exploration_sigma"] for r in episodes) < config.sigma
     assert "acting in 3 x" in s.log_text(run_dir, "actor_0")
     assert s.records(run_dir, "evaluator", "eval")  # The evaluator ran as before.
     assert s.gauge(run_dir, "learner_steps", "learner") > 0

@@ -32,7 +32,7 @@ DECAY_KEYS = (
 )
 OBSERVATION_KEYS = ("normalize_observations",)
 TARGET_KEYS = ("target_update_rate",)
-NOISE_KEYS = ("noise_beta",)
+NOISE_KEYS = ("noise_beta", "sigma_final_scale")
 LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS + OBSERVATION_KEYS + TARGET_KEYS + NOISE_KEYS
 
 
