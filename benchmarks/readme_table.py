@@ -1205,6 +1205,16 @@ ROWS: tuple[Row, ...] = (
         "seeds, and the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_sigma_decay.json",
+        "`agents_learning_suite --tasks reacher:easy` beside `--tasks ball_in_cup:catch`, "
+        "`--seeds 0,1,2,3,4,5`, then `--seeds 6,7,8,9,10,11`, all with "
+        "`--launch-flag=--config.sigma_final_scale=0.33`, at 96066bc: the exploration sigma "
+        "held at 0.3 while the learning rates are held, then falling with them to 0.1 by the "
+        "end of the run (late data nearer the noise-free policy that is evaluated), the "
+        "preset otherwise, two runs at a time: mean eval return vs the suite table's runs on "
+        "the same seeds, and the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
