@@ -1,6 +1,8 @@
 """Exploration noise: white or coloured, restarted per episode and environment, wired from
 the config through `builder` into single and batched actors."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import reverb
@@ -63,6 +65,24 @@ def test_a_new_sigma_scales_every_later_sample(beta):
 FEATURES = environments.make_environment_spec(environments.make("cartpole:balance", seed=0))
 
 
+@contextlib.contextmanager
+def _single_and_batched_actors(config: D4PGConfig, num_envs: int):
+    """A single and a batched actor of `config` from `builder` (acting only, no adders) on
+    a fresh replay server, its client, and zero policy weights (the policy acts 0, so an
+    action is its noise)."""
+    shapes = networks.acting_variable_shapes(config, FEATURES)
+    weights = [np.zeros(shape, np.float32) for shape in shapes]
+    server = builder.make_replay_server(config, FEATURES)
+    try:
+        address = f"localhost:{server.port}"
+        single = builder.make_actor(config, FEATURES, address, seed=0, with_adder=False)
+        batched = builder.make_batched_actor(config, FEATURES, address, seed=0, num_envs=num_envs)
+        batched._adders = []  # pylint: disable=protected-access  # Acting only.
+        yield single, batched, reverb.Client(address), weights
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("beta", [0.0, 1.0])
 def test_the_config_colours_the_noise_of_single_and_batched_actors(beta):
     """Through `builder`: `noise_beta` reaches both actors, and each restarts its noise
@@ -70,14 +90,7 @@ def test_the_config_colours_the_noise_of_single_and_batched_actors(beta):
     config = D4PGConfig.from_overrides(
         {"policy_layers": "8", "critic_layers": "8", "sigma": SIGMA, "noise_beta": beta}
     )
-    shapes = networks.acting_variable_shapes(config, FEATURES)
-    weights = [np.zeros(shape, np.float32) for shape in shapes]  # The policy acts 0.
-    server = builder.make_replay_server(config, FEATURES)
-    try:
-        address = f"localhost:{server.port}"
-        single = builder.make_actor(config, FEATURES, address, seed=0, with_adder=False)
-        batched = builder.make_batched_actor(config, FEATURES, address, seed=0, num_envs=2)
-        batched._adders = []  # pylint: disable=protected-access  # Acting only.
+    with _single_and_batched_actors(config, num_envs=2) as (single, batched, _, weights):
         for actor in (single, batched):
             actor._policy.set_weights(weights)  # pylint: disable=protected-access
         obs = np.zeros(FEATURES.observations.shape, np.float32)
@@ -90,8 +103,6 @@ def test_the_config_colours_the_noise_of_single_and_batched_actors(beta):
                 single_actions.append(single.select_action(obs))
                 batched_actions.append(batched.select_actions(np.stack([obs, obs])))
         single_actions, batched_actions = np.stack(single_actions), np.stack(batched_actions)
-    finally:
-        server.stop()
     for actions in (single_actions, batched_actions):
         correlation = _lag1_correlation(actions)
         assert (correlation > 0.5) if beta else (abs(correlation) < 0.1)
@@ -116,15 +127,8 @@ def test_actors_take_the_scheduled_sigma_of_the_weights_they_pull():
             "lr_decay_start_fraction": 0.5,
         }
     )
-    shapes = networks.acting_variable_shapes(config, FEATURES)
-    weights = [np.zeros(shape, np.float32) for shape in shapes]  # The policy acts 0.
-    server = builder.make_replay_server(config, FEATURES)
-    try:
-        address = f"localhost:{server.port}"
-        single = builder.make_actor(config, FEATURES, address, seed=0, with_adder=False)
-        batched = builder.make_batched_actor(config, FEATURES, address, seed=0, num_envs=16)
+    with _single_and_batched_actors(config, num_envs=16) as (single, batched, client, weights):
         obs = np.zeros(FEATURES.observations.shape, np.float32)
-        client = reverb.Client(address)
         for update, sigma in ((0, SIGMA), (500, SIGMA), (750, 2 * SIGMA / 3), (1000, SIGMA / 3)):
             variables.publish(client, update, weights)
             single.update(wait=True)
@@ -133,5 +137,3 @@ def test_actors_take_the_scheduled_sigma_of_the_weights_they_pull():
             assert abs(actions.std() / sigma - 1) < 0.08, (update, actions.std())
             actions = np.stack([batched.select_actions(np.stack([obs] * 16)) for _ in range(100)])
             assert abs(actions.std() / sigma - 1) < 0.08, (update, actions.std())
-    finally:
-        server.stop()
