@@ -1205,6 +1205,27 @@ ROWS: tuple[Row, ...] = (
         "seeds, and the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_reacher_100k_buffer.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 0,1,2,3,4,5,6,7,8,9,10,11 "
+        "--steps 100000 --launch-flag=--config.lr_decay_updates=102500 "
+        "--launch-flag=--config.row_mixing=buffer` beside the same without the last flag "
+        "(`agents_learning_suite_reacher_100k_pool.json`), at bcca6cb, two runs at a time, "
+        "one of each: reacher:easy to 100k actor steps with the 200k runs' rate schedule, "
+        "sampled rows mixed by tf.data's shuffle buffer (the suite table's runs) vs in the "
+        "learner's pool (the default since 2026-12-05), to tell a change of code from the "
+        "spread of launches at 100k: mean eval return, pool runs as the baseline, 10 "
+        "episodes per evaluation",
+        baseline="agents_learning_suite_reacher_100k_pool.json",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_reacher_100k_pool.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 0,1,2,3,4,5,6,7,8,9,10,11 "
+        "--steps 100000 --launch-flag=--config.lr_decay_updates=102500`, at bcca6cb, the "
+        "baseline of the row above, run beside it: today's default to 100k actor steps with "
+        "the 200k runs' rate schedule: mean eval return vs the suite table's runs on the same "
+        "seeds, and the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_sigma_decay.json",
         "`agents_learning_suite --tasks reacher:easy` beside `--tasks ball_in_cup:catch`, "
         "`--seeds 0,1,2,3,4,5`, then `--seeds 6,7,8,9,10,11`, all with "
