@@ -115,7 +115,9 @@ class D4PGActor(core.Actor):
                 )
 
 
-def _scheduled_sigma(noise: ExplorationNoise, schedule: Callable[[int], float], step: int):
+def _scheduled_sigma(
+    noise: ExplorationNoise, schedule: Callable[[int], float], step: int
+) -> np.float32:
     """Sets `noise` to the schedule's sigma for weights of learner step `step`; returns it."""
     noise.set_sigma(schedule(max(step, 0)))
     return np.float32(noise.sigma)

@@ -65,6 +65,7 @@ class ExplorationNoise:
 
     @property
     def sigma(self) -> float:
+        """The standard deviation of the samples to come (`set_sigma` changes it)."""
         return float(self._sigma)
 
     def set_sigma(self, sigma: float) -> None:
