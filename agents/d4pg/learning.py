@@ -649,7 +649,9 @@ class D4PGLearner(core.Learner):
         configured rates until update s = `lr_decay_start_fraction` x `lr_decay_updates`,
         then linear to their final scale (`final_lr_scales`) times them at update
         `lr_decay_updates`, constant after. Every replica assigns the same value.
-        Returns the two rates as `policy_lr` and `critic_lr`."""
+        Returns the two rates as `policy_lr` and `critic_lr`, and with
+        `sigma_final_scale` < 1 the actors' exploration sigma for weights of this step
+        (`D4PGConfig.sigma_at`, on the same schedule) as `exploration_sigma`."""
         config = self._config
         start = config.lr_decay_start_fraction * config.lr_decay_updates
         progress = tf.clip_by_value(
@@ -664,6 +666,9 @@ class D4PGLearner(core.Learner):
         }
         self._policy_optimizer.learning_rate.assign(rates["policy_lr"])
         self._critic_optimizer.learning_rate.assign(rates["critic_lr"])
+        if config.sigma_final_scale != 1.0:  # Reported only: the actors set their own.
+            scale = 1.0 - (1.0 - config.sigma_final_scale) * progress
+            rates["exploration_sigma"] = config.sigma * scale
         return rates
 
     def _fused_updates(self, batches: Transition) -> dict[str, tf.Tensor]:

@@ -284,13 +284,19 @@ def test_a_decaying_learning_rate_is_the_rate_of_the_reference_update(hold, upda
     """With lr_decay_updates = 4 and lr_final_scale = 0.25, update k applies Adam with both
     rates times 1 - 0.75 min(k / 4, 1): 0.8125 at update 1 and 0.25 from update 4 on.
     With lr_decay_start_fraction = 0.5 the rates are held through update 2 and fall over
-    updates 2-4: x1 at update 2, x(1 - 0.75 / 2) = 0.625 at update 3."""
+    updates 2-4: x1 at update 2, x(1 - 0.75 / 2) = 0.625 at update 3. The exploration sigma
+    the learner reports with `sigma_final_scale` 0.5 falls on the same schedule."""
     decay = {"jit_compile": True, "lr_decay_updates": 4, "lr_final_scale": 0.25, **hold}
+    decay["sigma_final_scale"] = 0.5  # Reported beside the rates, on their schedule.
     metrics, config = _check_one_update_against_reference(
         "features", decay, num_steps=update, lr_scale=scale
     )
     assert metrics["policy_lr"] == pytest.approx(config.policy_lr * scale, rel=1e-6)
     assert metrics["critic_lr"] == pytest.approx(config.critic_lr * scale, rel=1e-6)
+    # The sigma the actors compute for weights of this step (1 - 0.5 progress).
+    sigma = config.sigma * (1 - 0.5 * (1 - scale) / 0.75)
+    assert config.sigma_at(update) == pytest.approx(sigma, rel=1e-6)
+    assert metrics["exploration_sigma"] == pytest.approx(sigma, rel=1e-6)
 
 
 def test_each_network_decays_to_its_own_final_scale():
