@@ -410,18 +410,31 @@ class D4PGConfig:
             for own in (self.policy_lr_final_scale, self.critic_lr_final_scale)
         )
 
+    def decay_window(self) -> tuple[float, float]:
+        """(start, end) learner updates of the rates' decay: held until start =
+        `lr_decay_start_fraction` x `lr_decay_updates`, linear until end =
+        `lr_decay_updates`. Needs a decay (`lr_decay_updates` > 0)."""
+        return self.lr_decay_start_fraction * self.lr_decay_updates, float(self.lr_decay_updates)
+
     def decay_progress(self, update: int) -> float:
-        """How far the rates' decay has gone at learner update `update`: 0 until update
-        s = `lr_decay_start_fraction` x `lr_decay_updates`, then linear to 1 at
-        `lr_decay_updates` (the learner computes the same in its graph). 0 without a decay."""
+        """How far the rates' decay has gone at learner update `update`: 0 until the
+        window's start, then linear to 1 at its end (`decay_window`; the learner clips the
+        same fraction in its graph). 0 without a decay."""
         if self.lr_decay_updates <= 0:
             return 0.0
-        start = self.lr_decay_start_fraction * self.lr_decay_updates
-        return min(1.0, max(0.0, (update - start) / (self.lr_decay_updates - start)))
+        start, end = self.decay_window()
+        return min(1.0, max(0.0, (update - start) / (end - start)))
+
+    @staticmethod
+    def decayed(value: Any, final_scale: float, progress: Any) -> Any:
+        """`value` at `progress` of a linear decay to `final_scale` x `value`: the one rule
+        of the rates and the exploration sigma. `value` and `progress` may be floats or
+        tensors (the learner's graph): the result has their type."""
+        return value * (1.0 - (1.0 - final_scale) * progress)
 
     def sigma_at(self, update: int) -> float:
         """The exploration sigma of weights from learner update `update`."""
-        return self.sigma * (1.0 - (1.0 - self.sigma_final_scale) * self.decay_progress(update))
+        return self.decayed(self.sigma, self.sigma_final_scale, self.decay_progress(update))
 
     # -- Per-task defaults -------------------------------------------------------------
 

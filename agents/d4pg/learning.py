@@ -648,27 +648,27 @@ class D4PGLearner(core.Learner):
         """Sets both Adam rates for the update `num_steps` (replica context): the
         configured rates until update s = `lr_decay_start_fraction` x `lr_decay_updates`,
         then linear to their final scale (`final_lr_scales`) times them at update
-        `lr_decay_updates`, constant after. Every replica assigns the same value.
+        `lr_decay_updates`, constant after (`D4PGConfig.decay_window` and `decayed`, the
+        rules the actors' sigma follows too). Every replica assigns the same value.
         Returns the two rates as `policy_lr` and `critic_lr`, and with
         `sigma_final_scale` < 1 the actors' exploration sigma for weights of this step
         (`D4PGConfig.sigma_at`, on the same schedule) as `exploration_sigma`."""
         config = self._config
-        start = config.lr_decay_start_fraction * config.lr_decay_updates
+        start, end = config.decay_window()
         progress = tf.clip_by_value(
-            (tf.cast(self._num_steps, tf.float32) - start) / (config.lr_decay_updates - start),
-            0.0,
-            1.0,
+            (tf.cast(self._num_steps, tf.float32) - start) / (end - start), 0.0, 1.0
         )
         policy_final, critic_final = config.final_lr_scales()
         rates = {
-            "policy_lr": config.policy_lr * (1.0 - (1.0 - policy_final) * progress),
-            "critic_lr": config.critic_lr * (1.0 - (1.0 - critic_final) * progress),
+            "policy_lr": config.decayed(config.policy_lr, policy_final, progress),
+            "critic_lr": config.decayed(config.critic_lr, critic_final, progress),
         }
         self._policy_optimizer.learning_rate.assign(rates["policy_lr"])
         self._critic_optimizer.learning_rate.assign(rates["critic_lr"])
         if config.sigma_final_scale != 1.0:  # Reported only: the actors set their own.
-            scale = 1.0 - (1.0 - config.sigma_final_scale) * progress
-            rates["exploration_sigma"] = config.sigma * scale
+            rates["exploration_sigma"] = config.decayed(
+                config.sigma, config.sigma_final_scale, progress
+            )
         return rates
 
     def _fused_updates(self, batches: Transition) -> dict[str, tf.Tensor]:
