@@ -27,7 +27,87 @@ def _single_threaded_blas() -> None:
         _BLAS_LIMIT = threadpoolctl.threadpool_limits(limits=1, user_api="blas")
 
 
-class D4PGActor(core.Actor):
+class _ExploringPolicy:
+    """What both actors share: the numpy policy and the weights pulled into it, the
+    exploration noise added to its actions and the clip to the action bounds, and the
+    sigma that follows the pulled weights' learner step (`sigma_schedule`)."""
+
+    def __init__(
+        self,
+        policy: NumpyPolicy,
+        action_spec,
+        variable_client: VariableClient | None,
+        num_envs: int,
+        sigma: float,
+        seed: int,
+        noise_beta: float,
+        sigma_schedule: Callable[[int], float] | None,
+    ):
+        _single_threaded_blas()
+        self.policy = policy
+        shape = tuple(action_spec.shape)
+        self._low = np.broadcast_to(np.asarray(action_spec.minimum, np.float32), shape)
+        self._high = np.broadcast_to(np.asarray(action_spec.maximum, np.float32), shape)
+        self._variables = variable_client
+        self._sigma = np.float32(sigma)
+        rng = np.random.default_rng(seed)
+        self._noise = ExplorationNoise(num_envs, shape, sigma, noise_beta, rng)
+        self._sigma_schedule = sigma_schedule if sigma > 0 else None
+
+    @property
+    def weights_version(self) -> int:
+        return self._variables.version if self._variables is not None else -1
+
+    @property
+    def sigma(self) -> float:
+        return float(self._sigma)
+
+    def start_episode(self, index: int) -> None:
+        self._noise.start_episode(index)
+
+    def explore(self, actions: np.ndarray) -> np.ndarray:
+        """Adds this step's noise to `actions` (one environment's, or [K, ...]) in place
+        and clips them to the bounds; unchanged without noise."""
+        if self._sigma > 0:
+            actions += self._noise.sample().reshape(actions.shape)
+            np.minimum(actions, self._high, out=actions)
+            np.maximum(actions, self._low, out=actions)
+        return actions
+
+    def pull(self, wait: bool) -> None:
+        """Applies the source's newer weights, if any (`wait`: block until there are
+        some), and the sigma scheduled for their step."""
+        if self._variables is None:
+            if wait and not self.policy.has_weights:
+                raise RuntimeError(
+                    "This actor has no variable source and no weights: "
+                    "call policy.set_weights() first."
+                )
+            return
+        if self._variables.update(wait=wait):
+            self.policy.set_weights(self._variables.weights)
+            if self._sigma_schedule is not None:
+                self._noise.set_sigma(self._sigma_schedule(max(self._variables.version, 0)))
+                self._sigma = np.float32(self._noise.sigma)
+
+
+class _ReportsActing:
+    """The two read-outs both actors give of their `_ExploringPolicy`."""
+
+    _acting: _ExploringPolicy
+
+    @property
+    def weights_version(self) -> int:
+        """The learner step of the weights in use (-1: none yet)."""
+        return self._acting.weights_version
+
+    @property
+    def sigma(self) -> float:
+        """The exploration noise's standard deviation now (scheduled: `sigma_schedule`)."""
+        return self._acting.sigma
+
+
+class D4PGActor(_ReportsActing, core.Actor):
     """Acts with the latest published policy; optionally explores and writes replay.
 
     Args:
@@ -59,39 +139,18 @@ class D4PGActor(core.Actor):
         noise_beta: float = 0.0,
         sigma_schedule: Callable[[int], float] | None = None,
     ):
-        _single_threaded_blas()
-        self._policy = policy
-        self._low = np.broadcast_to(np.asarray(action_spec.minimum, np.float32), action_spec.shape)
-        self._high = np.broadcast_to(np.asarray(action_spec.maximum, np.float32), action_spec.shape)
-        self._variables = variable_client
+        self._acting = _ExploringPolicy(
+            policy, action_spec, variable_client, 1, sigma, seed, noise_beta, sigma_schedule
+        )
         self._adder = adder
-        self._sigma = np.float32(sigma)
-        rng = np.random.default_rng(seed)
-        self._noise = ExplorationNoise(1, tuple(action_spec.shape), sigma, noise_beta, rng)
-        self._sigma_schedule = sigma_schedule if sigma > 0 else None
-
-    @property
-    def weights_version(self) -> int:
-        """The learner step of the weights in use (-1: none yet)."""
-        return self._variables.version if self._variables is not None else -1
-
-    @property
-    def sigma(self) -> float:
-        """The exploration noise's standard deviation now (scheduled: `sigma_schedule`)."""
-        return float(self._sigma)
 
     def select_action(self, observation) -> np.ndarray:
-        if not self._policy.has_weights:
+        if not self._acting.policy.has_weights:
             self.update(wait=True)
-        action = self._policy(observation)
-        if self._sigma > 0:
-            action += self._noise.sample()[0]
-            np.minimum(action, self._high, out=action)
-            np.maximum(action, self._low, out=action)
-        return action
+        return self._acting.explore(self._acting.policy(observation))
 
     def observe_first(self, timestep: dm_env.TimeStep) -> None:
-        self._noise.start_episode(0)
+        self._acting.start_episode(0)
         if self._adder is not None:
             self._adder.add_first(timestep)
 
@@ -100,30 +159,10 @@ class D4PGActor(core.Actor):
             self._adder.add(action, next_timestep)
 
     def update(self, wait: bool = False) -> None:
-        if self._variables is None:
-            if wait and not self._policy.has_weights:
-                raise RuntimeError(
-                    "This actor has no variable source and no weights: "
-                    "call policy.set_weights() first."
-                )
-            return
-        if self._variables.update(wait=wait):
-            self._policy.set_weights(self._variables.weights)
-            if self._sigma_schedule is not None:
-                self._sigma = _scheduled_sigma(
-                    self._noise, self._sigma_schedule, self._variables.version
-                )
+        self._acting.pull(wait)
 
 
-def _scheduled_sigma(
-    noise: ExplorationNoise, schedule: Callable[[int], float], step: int
-) -> np.float32:
-    """Sets `noise` to the schedule's sigma for weights of learner step `step`; returns it."""
-    noise.set_sigma(schedule(max(step, 0)))
-    return np.float32(noise.sigma)
-
-
-class BatchedD4PGActor(core.BatchedActor):
+class BatchedD4PGActor(_ReportsActing, core.BatchedActor):
     """A D4PG actor for K environments: one policy call and one noise draw per step.
 
     Each environment has its own n-step adder, so the transitions written are exactly
@@ -163,17 +202,18 @@ class BatchedD4PGActor(core.BatchedActor):
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if adders and len(adders) != num_envs:
             raise ValueError(f"Need one adder per environment: {len(adders)} for {num_envs}.")
-        _single_threaded_blas()
-        self._policy = policy
-        self._low = np.asarray(action_spec.minimum, np.float32)
-        self._high = np.asarray(action_spec.maximum, np.float32)
-        self._variables = variable_client
+        self._acting = _ExploringPolicy(
+            policy,
+            action_spec,
+            variable_client,
+            num_envs,
+            sigma,
+            seed,
+            noise_beta,
+            sigma_schedule,
+        )
         self._adders = list(adders or [])
         self._num_envs = num_envs
-        self._sigma = np.float32(sigma)
-        rng = np.random.default_rng(seed)
-        self._noise = ExplorationNoise(num_envs, tuple(action_spec.shape), sigma, noise_beta, rng)
-        self._sigma_schedule = sigma_schedule if sigma > 0 else None
         self._period = max(1, int(variable_update_period))
         self._steps_since_pull = 0
 
@@ -181,28 +221,13 @@ class BatchedD4PGActor(core.BatchedActor):
     def num_envs(self) -> int:
         return self._num_envs
 
-    @property
-    def weights_version(self) -> int:
-        """The learner step of the weights in use (-1: none yet)."""
-        return self._variables.version if self._variables is not None else -1
-
-    @property
-    def sigma(self) -> float:
-        """The exploration noise's standard deviation now (scheduled: `sigma_schedule`)."""
-        return float(self._sigma)
-
     def select_actions(self, observations) -> np.ndarray:
-        if not self._policy.has_weights:
+        if not self._acting.policy.has_weights:
             self.update(wait=True)
-        actions = self._policy.batch(observations)
-        if self._sigma > 0:
-            actions += self._noise.sample()
-            np.minimum(actions, self._high, out=actions)
-            np.maximum(actions, self._low, out=actions)
-        return actions
+        return self._acting.explore(self._acting.policy.batch(observations))
 
     def observe_first(self, index: int, timestep: dm_env.TimeStep) -> None:
-        self._noise.start_episode(index)
+        self._acting.start_episode(index)
         if self._adders:
             self._adders[index].add_first(timestep)
 
@@ -211,21 +236,9 @@ class BatchedD4PGActor(core.BatchedActor):
             self._adders[index].add(action, next_timestep)
 
     def update(self, wait: bool = False) -> None:
-        if self._variables is None:
-            if wait and not self._policy.has_weights:
-                raise RuntimeError(
-                    "This actor has no variable source and no weights: "
-                    "call policy.set_weights() first."
-                )
-            return
         if not wait:
             self._steps_since_pull += self._num_envs
             if self._steps_since_pull < self._period:
                 return
         self._steps_since_pull = 0
-        if self._variables.update(wait=wait):
-            self._policy.set_weights(self._variables.weights)
-            if self._sigma_schedule is not None:
-                self._sigma = _scheduled_sigma(
-                    self._noise, self._sigma_schedule, self._variables.version
-                )
+        self._acting.pull(wait)

@@ -22,6 +22,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from launch.d4pg.replay_link import (
@@ -444,32 +445,50 @@ def actor(
     env, spec = _environment(cfg, task, seed=seed)
     if not wait_for_replay(ctx, replay_address, RECONNECT_TIMEOUT_S):
         return
-    agent = builder.make_actor(cfg, spec, replay_address, seed=seed)
-    loop = EnvironmentLoop(env, agent, label=ctx.name)
-    version_key = f"weights_version_{ctx.name}"
+
+    def make(stream: int) -> tuple[Any, Any]:
+        agent = builder.make_actor(cfg, spec, replay_address, seed=stream)
+        return agent, EnvironmentLoop(env, agent, label=ctx.name)
+
     ctx.log(f"acting in {task} (seed {seed}); replay at {replay_address}")
+    _act_until_stopped(ctx, replay_address, seed, make, lambda loop: [loop.run_episode()])
+
+
+def _act_until_stopped(
+    ctx,
+    replay_address: str,
+    seed: int,
+    make: Callable[[int], tuple[Any, Any]],
+    run: Callable[[Any], list[dict]],
+) -> None:
+    """The acting loop of `actor` and `_batched_actor`: `run(loop)` plays until episodes
+    end, each counted and recorded; `make(seed)` builds the (agent, loop) pair, again after
+    the replay went away and came back (a new client, writers and variable client, with a
+    fresh noise stream: the old one would repeat its episodes; cut episodes are dropped)."""
+    agent, loop = make(seed)
+    version_key = f"weights_version_{ctx.name}"
     reconnects = 0
     while not ctx.should_stop():
         try:
-            result = loop.run_episode()
+            results = run(loop)
         except Exception as e:  # pylint: disable=broad-except
             if not _replay_back(ctx, replay_address, e):
                 return
-            # A new client, writer and variable client; the cut episode is dropped.
-            reconnects += 1  # A fresh noise stream: the old one would repeat its episodes.
-            agent = builder.make_actor(cfg, spec, replay_address, seed=seed + 7919 * reconnects)
-            loop = EnvironmentLoop(env, agent, label=ctx.name)
+            reconnects += 1
+            agent, loop = make(seed + 7919 * reconnects)
             ctx.log(f"reconnected to the replay at {replay_address}; acting again")
             continue
-        ctx.count(actor_steps=result["episode_length"], episodes=1)
+        for result in results:
+            ctx.count(actor_steps=result["episode_length"], episodes=1)
+            ctx.record(
+                "episode",
+                episode_return=result["episode_return"],
+                steps_per_s=result["steps_per_second"],
+                weights_version=agent.weights_version,
+                exploration_sigma=agent.sigma,
+                **({"env_index": result["env_index"]} if "env_index" in result else {}),
+            )
         ctx.gauge(**{version_key: agent.weights_version})
-        ctx.record(
-            "episode",
-            episode_return=result["episode_return"],
-            steps_per_s=result["steps_per_second"],
-            weights_version=agent.weights_version,
-            exploration_sigma=agent.sigma,
-        )
 
 
 # Environment j > 0 of a batched actor adds j times this to the actor's seed: far apart
@@ -493,36 +512,15 @@ def _batched_actor(
     envs, spec = [env for env, _ in made], made[0][1]
     if not wait_for_replay(ctx, replay_address, RECONNECT_TIMEOUT_S):
         return
-    agent = builder.make_batched_actor(cfg, spec, replay_address, seed=seed, num_envs=num_envs)
-    loop = BatchedEnvironmentLoop(envs, agent, label=ctx.name)
-    version_key = f"weights_version_{ctx.name}"
+
+    def make(stream: int) -> tuple[Any, Any]:
+        agent = builder.make_batched_actor(
+            cfg, spec, replay_address, seed=stream, num_envs=num_envs
+        )
+        return agent, BatchedEnvironmentLoop(envs, agent, label=ctx.name)
+
     ctx.log(f"acting in {num_envs} x {task} (seeds {seeds}); replay at {replay_address}")
-    reconnects = 0
-    while not ctx.should_stop():
-        try:
-            results = loop.run_until_episode()
-        except Exception as e:  # pylint: disable=broad-except
-            if not _replay_back(ctx, replay_address, e):
-                return
-            # As in `actor`: new writers and a fresh noise stream; cut episodes are dropped.
-            reconnects += 1
-            agent = builder.make_batched_actor(
-                cfg, spec, replay_address, seed=seed + 7919 * reconnects, num_envs=num_envs
-            )
-            loop = BatchedEnvironmentLoop(envs, agent, label=ctx.name)
-            ctx.log(f"reconnected to the replay at {replay_address}; acting again")
-            continue
-        for result in results:
-            ctx.count(actor_steps=result["episode_length"], episodes=1)
-            ctx.record(
-                "episode",
-                episode_return=result["episode_return"],
-                steps_per_s=result["steps_per_second"],
-                weights_version=agent.weights_version,
-                exploration_sigma=agent.sigma,
-                env_index=result["env_index"],
-            )
-        ctx.gauge(**{version_key: agent.weights_version})
+    _act_until_stopped(ctx, replay_address, seed, make, lambda loop: loop.run_until_episode())
 
 
 def evaluation_due(steps: int, steps_at_last: int | None, every_steps: int) -> bool:

@@ -92,7 +92,7 @@ def test_the_config_colours_the_noise_of_single_and_batched_actors(beta):
     )
     with _single_and_batched_actors(config, num_envs=2) as (single, batched, _, weights):
         for actor in (single, batched):
-            actor._policy.set_weights(weights)  # pylint: disable=protected-access
+            actor._acting.policy.set_weights(weights)  # pylint: disable=protected-access
         obs = np.zeros(FEATURES.observations.shape, np.float32)
         single_actions, batched_actions = [], []
         for _ in range(3):  # Episodes of 200 steps.
