@@ -1236,6 +1236,16 @@ ROWS: tuple[Row, ...] = (
         "the same seeds, and the runs that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_reacher_target_policy.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 0,1,2,3,4,5` beside `--seeds "
+        "6,7,8,9,10,11`, `--launch-flag=--config.act_with_target_policy=true`, at 52e01cd: "
+        "actors and evaluator acting with the target policy (Acme's choice), on reacher:easy "
+        "alone (the earlier three-seed row had it level or above there: 966 against 961 at "
+        "200k), the preset otherwise, two runs at a time: mean eval return vs the suite "
+        "table's runs on the same seeds, and the runs that collapsed, 10 episodes per "
+        "evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
