@@ -1246,6 +1246,16 @@ ROWS: tuple[Row, ...] = (
         "evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_reacher_dqda_clipping0.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 0,1,2,3,4,5` beside `--seeds "
+        "6,7,8,9,10,11`, `--launch-flag=--config.dqda_clipping=0`, at 52e01cd: no per-sample "
+        "clip of dQ/da (the failing reacher:easy states have norms of 1.0-5.7, which the "
+        "clip cuts to 1; the earlier three-seed row had it level there: 966 against 964 at "
+        "200k), on reacher:easy alone, the preset otherwise, two runs at a time: mean eval "
+        "return vs the suite table's runs on the same seeds, and the runs that collapsed, 10 "
+        "episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
