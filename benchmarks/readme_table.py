@@ -1256,6 +1256,17 @@ ROWS: tuple[Row, ...] = (
         "episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_reacher_acme.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 0,1,2,3,4,5` beside `--seeds "
+        "6,7,8,9,10,11`, with `--launch-flag=--config.act_with_target_policy=true "
+        "--launch-flag=--config.network_init=acme "
+        "--launch-flag=--config.short_transitions_from_first_state=true`, at 4cb0dd5: "
+        "Acme's three behaviours together on today's preset, on reacher:easy alone (two "
+        "seeds under the preset of 2026-12-03 had them at 969 against 936 at 200k), two "
+        "runs at a time: mean eval return vs the suite table's runs on the same seeds, and "
+        "the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
