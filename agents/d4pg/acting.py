@@ -49,7 +49,6 @@ class _ExploringPolicy:
         self._low = np.broadcast_to(np.asarray(action_spec.minimum, np.float32), shape)
         self._high = np.broadcast_to(np.asarray(action_spec.maximum, np.float32), shape)
         self._variables = variable_client
-        self._sigma = np.float32(sigma)
         rng = np.random.default_rng(seed)
         self._noise = ExplorationNoise(num_envs, shape, sigma, noise_beta, rng)
         self._sigma_schedule = sigma_schedule if sigma > 0 else None
@@ -60,7 +59,7 @@ class _ExploringPolicy:
 
     @property
     def sigma(self) -> float:
-        return float(self._sigma)
+        return self._noise.sigma
 
     def start_episode(self, index: int) -> None:
         self._noise.start_episode(index)
@@ -68,7 +67,7 @@ class _ExploringPolicy:
     def explore(self, actions: np.ndarray) -> np.ndarray:
         """Adds this step's noise to `actions` (one environment's, or [K, ...]) in place
         and clips them to the bounds; unchanged without noise."""
-        if self._sigma > 0:
+        if self._noise.sigma > 0:
             actions += self._noise.sample().reshape(actions.shape)
             np.minimum(actions, self._high, out=actions)
             np.maximum(actions, self._low, out=actions)
@@ -88,7 +87,6 @@ class _ExploringPolicy:
             self.policy.set_weights(self._variables.weights)
             if self._sigma_schedule is not None:
                 self._noise.set_sigma(self._sigma_schedule(max(self._variables.version, 0)))
-                self._sigma = np.float32(self._noise.sigma)
 
 
 class _ReportsActing:
