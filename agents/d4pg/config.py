@@ -22,6 +22,9 @@ DEFAULT_TRANSITIONS_PER_ITEM = 16
 # Values of `D4PGConfig.network_init`: ours, and Acme's LayerNormMLP (see the docstring).
 NETWORK_INITS = ("lecun_uniform", "acme")
 
+# Values of `D4PGConfig.critic_layer_norm`: Acme's first layer only, or every layer.
+CRITIC_LAYER_NORMS = ("first", "every")
+
 # Values of `D4PGConfig.row_mixing`: how the learner mixes the rows of sampled items.
 ROW_MIXINGS = ("buffer", "block", "pool")
 
@@ -45,6 +48,7 @@ SAVED_CONFIG_FALLBACKS: dict[str, Any] = {
     "target_update_rate": 0.0,  # Hard copies every target_update_period updates.
     "noise_beta": 0.0,  # White exploration noise.
     "sigma_final_scale": 1.0,  # A constant sigma.
+    "critic_layer_norm": "first",  # Acme's LayerNormMLP.
 }
 
 
@@ -109,6 +113,8 @@ class D4PGConfig:
       `normalize_observations` (off here, as Acme has none), `target_update_rate`
       (0 here: Acme's hard copies; Polyak averaging is DDPG's and TD3's), `noise_beta`
       (0 here: Acme's white noise), `sigma_final_scale` (1 here: Acme's constant sigma),
+      `critic_layer_norm` ("first" here: Acme's LayerNormMLP; "every" normalises each
+      hidden layer of the critic, as critics trained at high replay ratios often are),
       `publish_period`,
       `updates_per_call`, `fuse_updates_per_call`, the conv torso
       (Sonnet's default initialisers under either `network_init`), `random_shift` and the
@@ -147,6 +153,9 @@ class D4PGConfig:
     # Initialisers of the policy and critic MLPs and the policy head: one of
     # `NETWORK_INITS` (see the docstring; "acme" is Acme's LayerNormMLP).
     network_init: str = "lecun_uniform"
+    # LayerNorm in the critic's MLP: "first" (Acme's LayerNormMLP: the first layer only)
+    # or "every" (each hidden layer's pre-activations too; not Acme's; see the docstring).
+    critic_layer_norm: str = "first"
     # Optimisation.
     batch_size: int = 256  # Global batch: split evenly across the learner's replicas.
     policy_lr: float = 1e-4
@@ -388,6 +397,11 @@ class D4PGConfig:
         if group > 1 and self.item_pool_size < group:
             problems.append(
                 f"item_pool_size ({self.item_pool_size}) must be >= transitions_per_item ({group})"
+            )
+        if self.critic_layer_norm not in CRITIC_LAYER_NORMS:
+            problems.append(
+                f"critic_layer_norm must be one of {sorted(CRITIC_LAYER_NORMS)}, "
+                f"got {self.critic_layer_norm!r}"
             )
         if self.network_init not in NETWORK_INITS:
             problems.append(

@@ -65,11 +65,14 @@ class LayerNormMLP(snt.Module):
 
     The first-layer normalisation keeps the scale of the input (any observation) from
     dictating the scale of everything after it. This is Acme's `LayerNormMLP` with
-    `activate_final=True`, as its D4PG networks use it.
+    `activate_final=True`, as its D4PG networks use it. With `every_layer_norm` each
+    further layer is Linear -> LayerNorm -> elu as well (not Acme's; the critic's
+    `critic_layer_norm="every"`).
 
     Args:
       layer_sizes: output size of each Linear.
       w_init: initialiser of every Linear's weights (biases start at zero).
+      every_layer_norm: also normalise every further layer's pre-activations.
       name: module name.
     """
 
@@ -77,6 +80,7 @@ class LayerNormMLP(snt.Module):
         self,
         layer_sizes: Sequence[int],
         w_init: snt.initializers.Initializer,
+        every_layer_norm: bool = False,
         name: str | None = None,
     ):
         super().__init__(name=name)
@@ -86,17 +90,26 @@ class LayerNormMLP(snt.Module):
             snt.Linear(size, w_init=w_init, name=f"linear_{i + 1}")
             for i, size in enumerate(layer_sizes[1:])
         ]
+        self.rest_norms = [
+            snt.LayerNorm(axis=-1, create_scale=True, create_offset=True, name=f"norm_{i + 1}")
+            for i in range(len(self.rest) if every_layer_norm else 0)
+        ]
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         h = tf.tanh(self.norm(self.first(x)))
-        for layer in self.rest:
-            h = tf.nn.elu(layer(h))
+        for i, layer in enumerate(self.rest):
+            h = layer(h)
+            if self.rest_norms:
+                h = self.rest_norms[i](h)
+            h = tf.nn.elu(h)
         return h
 
     def ordered_variables(self) -> list[tf.Variable]:
         out = [self.first.w, self.first.b, self.norm.scale, self.norm.offset]
-        for layer in self.rest:
+        for i, layer in enumerate(self.rest):
             out += [layer.w, layer.b]
+            if self.rest_norms:
+                out += [self.rest_norms[i].scale, self.rest_norms[i].offset]
         return out
 
 
@@ -236,7 +249,12 @@ class Critic(snt.Module):
         super().__init__(name=name)
         vmin, vmax = support if support is not None else value_support(config)
         self.support = tf.linspace(float(vmin), float(vmax), config.num_atoms)
-        self.mlp = LayerNormMLP(config.critic_layers, w_init=initializers(config).mlp, name="mlp")
+        self.mlp = LayerNormMLP(
+            config.critic_layers,
+            w_init=initializers(config).mlp,
+            every_layer_norm=config.critic_layer_norm == "every",
+            name="mlp",
+        )
         # Sonnet's default initialiser, as Acme's DiscreteValuedHead (it passes none).
         self.head = snt.Linear(config.num_atoms, name="head")
 

@@ -142,6 +142,13 @@ def test_bad_acme_option_values_say_what_is_valid():
             D4PGConfig(**{name: "yes"})
 
 
+def test_a_bad_critic_layer_norm_says_what_is_valid():
+    with pytest.raises(
+        ValueError, match=r"critic_layer_norm must be one of \['every', 'first'\], got 'all'"
+    ):
+        D4PGConfig.from_overrides({"critic_layer_norm": "all"})
+
+
 def test_a_config_saved_before_the_acme_options_keeps_its_behaviour():
     saved = D4PGConfig(policy_layers=(8,)).to_dict()
     for key in SAVED_CONFIG_FALLBACKS:

@@ -33,7 +33,16 @@ DECAY_KEYS = (
 OBSERVATION_KEYS = ("normalize_observations",)
 TARGET_KEYS = ("target_update_rate",)
 NOISE_KEYS = ("noise_beta", "sigma_final_scale")
-LATER_KEYS = ACME_OPTIONS + LAYOUT_KEYS + DECAY_KEYS + OBSERVATION_KEYS + TARGET_KEYS + NOISE_KEYS
+NETWORK_KEYS = ("critic_layer_norm",)
+LATER_KEYS = (
+    ACME_OPTIONS
+    + LAYOUT_KEYS
+    + DECAY_KEYS
+    + OBSERVATION_KEYS
+    + TARGET_KEYS
+    + NOISE_KEYS
+    + NETWORK_KEYS
+)
 
 
 def _stored_run(tmp_path, task: str, config: dict) -> str:
@@ -81,6 +90,7 @@ def test_an_old_run_resumes_with_the_behaviour_it_had(tmp_path):
         ("network_init", "acme"),
         ("short_transitions_from_first_state", "true"),
         ("transitions_per_item", "16"),  # Another table signature.
+        ("critic_layer_norm", "every"),  # Other critic variables.
     ],
 )
 def test_resuming_with_another_value_is_refused(tmp_path, key, value):
