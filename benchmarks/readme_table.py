@@ -1134,6 +1134,19 @@ ROWS: tuple[Row, ...] = (
         FINGER_VALUES_RESULT,
     ),
     _vs_suite_row(
+        "agents_learning_suite_finger_values_layer_norm.json",
+        "`agents_learning_suite --tasks finger:spin --seeds 0,1,2` beside `--seeds 3,4,5`, "
+        "`--launch-flag=--config.critic_layer_norm=every`, at d680dff (the preset's "
+        "finger:spin values applied by the launch), stopped after the four seeds listed "
+        "(lower on each): a LayerNorm before each hidden elu of the critic on top of the "
+        "per-task values (their 256-256 critic at 64 samples per insert, the replay ratio "
+        "where such critics are used), two runs at a time (~7.8 min per run): mean eval "
+        "return vs the runs with the values alone "
+        "(`agents_learning_suite_finger_critic256_spi64.json`) on the same seeds, and the "
+        "runs that collapsed, 10 episodes per evaluation",
+        FINGER_VALUES_RESULT,
+    ),
+    _vs_suite_row(
         "agents_learning_suite_finger_critic512.json",
         "`agents_learning_suite --tasks finger:spin --seeds 0` beside `--seeds 1`, "
         "`--launch-flag=--config.critic_layers=512,512,256 "
@@ -1265,6 +1278,16 @@ ROWS: tuple[Row, ...] = (
         "seeds under the preset of 2026-12-03 had them at 969 against 936 at 200k), two "
         "runs at a time: mean eval return vs the suite table's runs on the same seeds, and "
         "the runs that collapsed, 10 episodes per evaluation",
+    ),
+    _vs_suite_row(
+        "agents_learning_suite_critic_layer_norm.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 0,1,2,3,4,5` beside `--seeds "
+        "6,7,8,9,10,11`, then the same with `--tasks ball_in_cup:catch`, all with "
+        "`--launch-flag=--config.critic_layer_norm=every`, at d680dff: a LayerNorm before "
+        "each hidden elu of the critic (Acme's LayerNormMLP normalises its first layer only), "
+        "the preset otherwise, on the two tasks nearest the best of five at 200k, two runs at "
+        "a time: mean eval return vs the suite table's runs on the same seeds, and the runs "
+        "that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
         "agents_learning_suite_n_step3.json",
