@@ -1290,6 +1290,17 @@ ROWS: tuple[Row, ...] = (
         "that collapsed, 10 episodes per evaluation",
     ),
     _vs_suite_row(
+        "agents_learning_suite_reacher_variable_update_period50.json",
+        "`agents_learning_suite --tasks reacher:easy --seeds 0,1,2,3,4,5` beside `--seeds "
+        "6,7,8,9,10,11`, `--launch-flag=--config.variable_update_period=50`, at 565031e: "
+        "actors pulling the learner's weights every 50 of their steps instead of the "
+        "preset's 250 (the learner makes ~250 updates between two pulls of an actor at the "
+        "preset's, ~50 at this), the preset otherwise, two runs at a time (~2.9 min per run): "
+        "mean eval return vs the suite table's runs on the same seeds (none at 100k: seed 3 "
+        "has no evaluation between 82k and 112k), and the runs that collapsed, 10 episodes "
+        "per evaluation",
+    ),
+    _vs_suite_row(
         "agents_learning_suite_n_step3.json",
         "`agents_learning_suite --tasks finger:spin,reacher:easy` beside `--tasks "
         "ball_in_cup:catch,walker:walk`, then `--tasks cartpole:swingup` beside `--tasks "
