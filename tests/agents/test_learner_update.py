@@ -283,9 +283,12 @@ def test_one_update_matches_the_independent_reference(observations, jit_compile,
 
 def test_a_critic_normalised_at_every_layer_matches_the_reference():
     """`critic_layer_norm="every"`: each hidden layer of the critic is Linear -> LayerNorm
-    -> elu, in the bootstrap target, the critic's loss and the policy's dQ/da (XLA)."""
+    -> elu, in the bootstrap target, the critic's loss and the policy's dQ/da (XLA). Data
+    seed 1: on seed 0's batch one policy weight's gradient is ~3e-8, within a few times
+    Adam's epsilon, where float32 rounding moves its first Adam step by 1e-5 (its moment,
+    the gradient itself, matches)."""
     _check_one_update_against_reference(
-        "features", {"jit_compile": True, "critic_layer_norm": "every"}
+        "features", {"jit_compile": True, "critic_layer_norm": "every"}, data_seed=1
     )
 
 
@@ -333,7 +336,7 @@ def test_each_network_decays_to_its_own_final_scale():
 
 
 def _check_one_update_against_reference(
-    observations, overrides, num_steps=1, lr_scale=1.0, critic_lr_scale=None
+    observations, overrides, num_steps=1, lr_scale=1.0, critic_lr_scale=None, data_seed=0
 ):
     """Runs update `num_steps` (not a target copy) of a learner with random online and
     target networks and checks metrics, moments and parameters against the reference,
@@ -341,7 +344,7 @@ def _check_one_update_against_reference(
     `critic_lr_scale` when given). Returns (metrics, config)."""
     spec, case_overrides, make_data = CASES[observations]
     overrides = {**case_overrides, **overrides}
-    data = make_data()
+    data = make_data(data_seed)
     config = D4PGConfig.from_overrides({**BASE, **overrides})
     shapes = networks.make_networks(config, spec).all_variables()
     online, target = _random_arrays(shapes, seed=1), _random_arrays(shapes, seed=2)
@@ -386,15 +389,8 @@ def _check_one_update_against_reference(
     for group in ("policy", "critic"):
         for got, want in zip(_moments_in_all_order(learner, group), moments[group]):
             np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL * 0.1, err_msg=group)
-    # Adam's first step moves a parameter by lr g / (|g| + 1e-8): where |g| is within ~100x
-    # of that epsilon, float32 rounding of g (checked above through the moments) moves
-    # the step by more than ATOL, so those few parameters are left to the moments' check
-    # (1-2 per case; exactly zero gradients, dead relu units, are checked here).
-    grads = [10 * m for m in moments["critic"][:n_torso] + moments["policy"]]
-    grads += [10 * m for m in moments["critic"][n_torso:]]
-    for got, want, grad in zip(learner.get_variables(["all"])[0], new_params, grads):
-        away = (grad == 0) | (np.abs(grad) >= 100 * ADAM_EPS)
-        np.testing.assert_allclose(got[away], want[away], rtol=RTOL, atol=ATOL)
+    for got, want in zip(learner.get_variables(["all"])[0], new_params):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
     return metrics, config
 
 
